@@ -1,0 +1,48 @@
+"""The exception hierarchy of polyfuse.
+
+User errors derive from :class:`PolyfuseError`; every message names the block,
+loop, tensor, dependence, shape or dtype involved.  :class:`InternalError` is a
+bug in polyfuse itself and deliberately does *not* derive from it.
+"""
+
+from __future__ import annotations
+
+
+class PolyfuseError(Exception):
+    """Base class of every error a user can cause."""
+
+
+class IRError(PolyfuseError):
+    """A program is malformed (bad shape, dtype, name, structure)."""
+
+
+class NonAffineIndex(IRError):
+    """An index or loop binding is not (quasi-)affine in loop variables and sizes."""
+
+
+class UnboundSize(IRError):
+    """A size parameter has no value where one is needed."""
+
+
+class IllegalTransform(PolyfuseError):
+    """A schedule step would change the program's meaning."""
+
+
+class NoRepairFound(PolyfuseError):
+    """The repair solver could not derive a correction term."""
+
+
+class UntileableNest(PolyfuseError):
+    """A loop nest cannot be expressed as a tile program."""
+
+
+class LaunchError(PolyfuseError):
+    """A compiled kernel was called with arguments that do not fit it."""
+
+
+class BackendUnavailable(PolyfuseError):
+    """A backend (compiler, loader or device) is missing on this machine."""
+
+
+class InternalError(Exception):
+    """A bug in polyfuse: an invariant that should hold did not."""

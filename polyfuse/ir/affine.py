@@ -1,0 +1,102 @@
+"""Quasi-affine integer expressions: the boundary between IR indices and ISL.
+
+An index, a loop binding or an extent is *quasi-affine* when it is built from
+integer variables and constants with ``+``, ``-``, multiplication by a constant,
+and ``//`` or ``%`` by a positive constant.  :func:`linear_form` decomposes such
+an expression into integer coefficients of variables and of floor/mod atoms.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+from polyfuse.errors import NonAffineIndex
+from polyfuse.ir.expr import BinOp, Const, Expr, Var
+
+# A key of a linear form: a variable name, a floor-division/modulo atom, or 1 (the constant).
+Atom = Union[str, BinOp, int]
+
+
+class _NotAffine(Exception):
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def linear_form(e: Expr) -> dict[Atom, int]:
+    """Coefficients of ``e`` as a sum of atoms; raises NonAffineIndex if not quasi-affine."""
+    try:
+        return _linear(e)
+    except _NotAffine as err:
+        raise NonAffineIndex(f"{e} is not affine: {err.reason}") from None
+
+
+def _add(x: dict[Atom, int], y: dict[Atom, int], sign: int = 1) -> dict[Atom, int]:
+    out = dict(x)
+    for k, v in y.items():
+        out[k] = out.get(k, 0) + sign * v
+        if out[k] == 0:
+            del out[k]
+    return out
+
+
+def _constant(form: dict[Atom, int]) -> int | None:
+    if not form:
+        return 0
+    if set(form) == {1}:
+        return form[1]
+    return None
+
+
+def _linear(e: Expr) -> dict[Atom, int]:
+    if not e.dtype.is_int:
+        raise _NotAffine(f"it has dtype {e.dtype}, not an integer type")
+    if isinstance(e, Const):
+        return {1: int(e.value)} if e.value else {}
+    if isinstance(e, Var):
+        return {e.name: 1}
+    if isinstance(e, BinOp):
+        if e.op in ("+", "-"):
+            return _add(_linear(e.a), _linear(e.b), 1 if e.op == "+" else -1)
+        if e.op == "*":
+            a, b = _linear(e.a), _linear(e.b)
+            ca, cb = _constant(a), _constant(b)
+            if ca is None and cb is None:
+                raise _NotAffine(f"it multiplies two non-constant terms ({e.a} and {e.b})")
+            k, other = (ca, b) if ca is not None else (cb, a)
+            return {atom: k * v for atom, v in other.items() if k * v}
+        if e.op in ("//", "%"):
+            _linear(e.a)
+            d = _constant(_linear(e.b))
+            if d is None or d <= 0:
+                raise _NotAffine(f"it divides by {e.b}, which is not a positive constant")
+            return {e: 1}
+        raise _NotAffine(f"operator {e.op!r} is not affine")
+    raise _NotAffine(f"{type(e).__name__} nodes (data-dependent or non-integer) are not affine")
+
+
+def variables(form: dict[Atom, int]) -> set[str]:
+    """Names of the variables a linear form depends on (inside atoms too)."""
+    from polyfuse.ir.visit import free_vars
+
+    out: set[str] = set()
+    for k in form:
+        if isinstance(k, str):
+            out.add(k)
+        elif isinstance(k, BinOp):
+            out |= free_vars(k)
+    return out
+
+
+def check_affine(e: Expr, *, allowed: set[str], what: str) -> None:
+    """Raise NonAffineIndex naming ``what`` unless ``e`` is quasi-affine over ``allowed``."""
+    try:
+        form = _linear(e)
+    except _NotAffine as err:
+        raise NonAffineIndex(f"{what}: {e} is not affine: {err.reason}") from None
+    stray = sorted(variables(form) - allowed)
+    if stray:
+        raise NonAffineIndex(
+            f"{what}: {e} uses {', '.join(stray)}, which is not a variable in scope here "
+            f"(in scope: {', '.join(sorted(allowed)) or 'none'})"
+        )

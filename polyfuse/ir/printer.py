@@ -1,0 +1,189 @@
+"""Print programs as builder Python that rebuilds an equal program.
+
+The text starts with ``from polyfuse.ir import *`` and defines ``program()``;
+``exec`` it and call ``program()`` to get the Program back.  Perfect loop nests
+whose loops carry the block's own iteration names print compactly as
+``p.nest(...)``; everything else prints as explicit ``p.loop`` / ``p.block``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
+from polyfuse.ir.stmt import (
+    BOUND, GLOBAL, INPUT, OUTPUT, SERIAL, Block, IterVar, Loop, Program, Reducer, Seq, Stmt,
+    builtin_reducer, reducer_for_op,
+)
+
+_PREC = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "+": 6, "-": 6, "*": 7, "/": 7, "//": 7, "%": 7,
+         "neg": 8, "pow": 9}
+_INFIX = {"and": "&", "or": "|", "pow": "**"}
+_FUNC_OPS = {"max": "maximum", "min": "minimum", "==": "eq", "!=": "ne"}
+_DEFAULT_LITERAL = {"f32", "i32", "bool"}
+
+
+def _literal_text(v: float | int | bool) -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "INF" if v > 0 else "-INF"
+    if isinstance(v, float) and math.isnan(v):
+        return "NAN"
+    return repr(v)
+
+
+def _literal(c: Const) -> str:
+    """A constant as the builder would recreate it: a bare literal where that gives
+    the same dtype, ``const(v, "dtype")`` otherwise."""
+    text = _literal_text(c.value)
+    if c.dtype.name in _DEFAULT_LITERAL and (c.dtype.name != "f32" or isinstance(c.value, float)):
+        return text
+    return f'const({text}, "{c.dtype}")'
+
+
+def expr_to_str(e: Expr, prec: int = 0) -> str:
+    """Python source for an expression (valid inside a builder block)."""
+    if isinstance(e, Var):
+        return e.name
+    if isinstance(e, Const):
+        text = _literal(e)
+        return f"({text})" if text.startswith("-") and prec > 0 else text
+    if isinstance(e, Load):
+        return f"{e.tensor.name}[{', '.join(expr_to_str(i) for i in e.indices)}]"
+    if isinstance(e, Cast):
+        v = e.value
+        inner = f'const({_literal_text(v.value)}, "{v.dtype}")' if isinstance(v, Const) else expr_to_str(v)
+        return f'cast("{e.type}", {inner})'
+    if isinstance(e, Select):
+        return f"select({expr_to_str(e.cond)}, {expr_to_str(e.true_value)}, {expr_to_str(e.false_value)})"
+    if isinstance(e, Call):
+        arg = e.args[0]
+        if e.fn == "neg":
+            text = f"-{expr_to_str(arg, _PREC['neg'] + 1)}"
+            return f"({text})" if prec > _PREC["neg"] else text
+        if e.fn == "not":
+            return f"~{expr_to_str(arg, 99)}"
+        return f"{e.fn}({expr_to_str(arg)})"
+    if isinstance(e, BinOp):
+        if e.op in _FUNC_OPS:
+            return f"{_FUNC_OPS[e.op]}({expr_to_str(e.a)}, {expr_to_str(e.b)})"
+        p = _PREC[e.op]
+        sym = _INFIX.get(e.op, e.op)
+        if e.op == "pow":  # right-associative
+            text = f"{expr_to_str(e.a, p + 1)} {sym} {expr_to_str(e.b, p)}"
+        else:
+            text = f"{expr_to_str(e.a, p)} {sym} {expr_to_str(e.b, p + 1)}"
+        return f"({text})" if p < prec or (p == 4 and prec == 4) else text
+    raise TypeError(f"cannot print {type(e).__name__}")
+
+
+def _iter_spec(iv: IterVar, bind: Expr | None) -> str:
+    fn = "reduce" if iv.is_reduce else "spatial"
+    if bind is None:
+        return expr_to_str(iv.extent) if not iv.is_reduce else f"reduce({expr_to_str(iv.extent)})"
+    return f"{fn}({expr_to_str(iv.extent)}, {expr_to_str(bind)})"
+
+
+def _reducer_args(b: Block) -> str:
+    if b.reducer is None:
+        return ""
+    r, st = b.reducer, b.store
+    args = []
+    inferred = None
+    if isinstance(st.value, BinOp):
+        inferred = reducer_for_op(st.value.op, st.tensor.dtype)
+    if r != inferred:
+        args.append(f"reducer={_reducer_text(r)}")
+    if b.init != r.identity:
+        args.append(f"init={expr_to_str(b.init)}")  # type: ignore[arg-type]
+    return "".join(f", {a}" for a in args)
+
+
+def _reducer_text(r: Reducer) -> str:
+    if r == builtin_reducer(r.name, r.dtype) if r.name in ("sum", "prod", "max", "min") else False:
+        return f'"{r.name}"'
+    body = expr_to_str(r.combine)
+    return (f'make_reducer("{r.name}", lambda {r.lhs.name}, {r.rhs.name}: {body}, '
+            f'identity={_literal(r.identity)}, dtype="{r.dtype}")')
+
+
+def _compact_nest(s: Stmt) -> Block | None:
+    """The block of a perfect, plain loop nest that binds it by identity, else None."""
+    loops: list[Loop] = []
+    while isinstance(s, Loop):
+        if s.kind != SERIAL or s.thread is not None or s.annotations:
+            return None
+        loops.append(s)
+        s = s.body
+    if not isinstance(s, Block) or len(loops) != len(s.iters):
+        return None
+    for lp, iv, b in zip(loops, s.iters, s.bindings):
+        if lp.var.name != iv.var.name or b != Var(iv.var.name) or lp.extent != iv.extent:
+            return None
+    return s
+
+
+def _unpack(names: list[str]) -> str:
+    return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
+
+
+def _stmt_lines(s: Stmt, indent: int, out: list[str]) -> None:
+    pad = "    " * indent
+    compact = _compact_nest(s)
+    if compact is not None:
+        b = compact
+        specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, None)}" for iv in b.iters)
+        out.append(f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b)}) as {_unpack([iv.var.name for iv in b.iters])}:')
+        _store_line(b, indent + 1, out)
+    elif isinstance(s, Seq):
+        for c in s.stmts:
+            _stmt_lines(c, indent, out)
+    elif isinstance(s, Loop):
+        extra = ""
+        if s.kind == BOUND:
+            extra += f', thread="{s.thread}"'
+        elif s.kind != SERIAL:
+            extra += f', kind="{s.kind}"'
+        if s.annotations:
+            extra += f", annotations={s.annotations!r}"
+        out.append(f'{pad}with p.loop("{s.var.name}", {expr_to_str(s.extent)}{extra}) as {s.var.name}:')
+        _stmt_lines(s.body, indent + 1, out)
+    elif isinstance(s, Block):
+        specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, b)}" for iv, b in zip(s.iters, s.bindings))
+        out.append(f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s)}) as {_unpack([iv.var.name for iv in s.iters])}:')
+        _store_line(s, indent + 1, out)
+    else:
+        raise TypeError(f"cannot print {type(s).__name__}")
+
+
+def _store_line(b: Block, indent: int, out: list[str]) -> None:
+    st = b.store
+    idx = ", ".join(expr_to_str(i) for i in st.indices)
+    out.append(f"{'    ' * indent}{st.tensor.name}[{idx}] = {expr_to_str(st.value)}")
+
+
+def stmt_to_str(s: Stmt) -> str:
+    out: list[str] = []
+    _stmt_lines(s, 0, out)
+    return "\n".join(out)
+
+
+def print_program(program: Program) -> str:
+    """The program as builder Python defining ``program()``."""
+    lines = ["from polyfuse.ir import *", "", "", "def program():", f'    p = ProgramBuilder("{program.name}")']
+    for v in program.params:
+        lines.append(f'    {v.name} = p.size("{v.name}")')
+    for t in program.tensors:
+        shape = ", ".join(expr_to_str(d) for d in t.shape) + ("," if t.ndim == 1 else "")
+        role = {INPUT: "input", OUTPUT: "output"}.get(t.role, "temp")
+        scope = f', scope="{t.scope}"' if t.scope != GLOBAL else ""
+        lines.append(f'    {t.name} = p.{role}("{t.name}", ({shape}), "{t.dtype}"{scope})')
+    _stmt_lines(program.body, 1, lines)
+    lines.append("    return p.build()")
+    return "\n".join(lines) + "\n"
+
+
+def program_from_source(text: str) -> Program:
+    """Execute printed program text and return its Program."""
+    namespace: dict[str, object] = {}
+    exec(compile(text, "<polyfuse program>", "exec"), namespace)
+    return namespace["program"]()  # type: ignore[operator]
