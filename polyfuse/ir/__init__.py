@@ -1,11 +1,14 @@
 """The loop-scalar IR: nodes, dtypes, the builder, the tensor-expression layer,
 the printer and the NumPy interpreter.
 
+The tensor-expression layer lives in ``polyfuse.ir.te``.
+
 ``from polyfuse.ir import *`` brings in what a program text needs (the printer's
 output starts with it).
 """
 
 from polyfuse.ir.builder import IterSpec, ProgramBuilder, make_reducer, reduce, spatial
+from polyfuse.ir.interpreter import interpret
 from polyfuse.ir.dtypes import DType, bf16, bool_, f16, f32, f64, fp8e4m3, i32, i64
 from polyfuse.ir.expr import (
     INF, BinOp, Call, Cast, Const, Expr, Load, Select, Var, cast, const, eq, exp, floor, log,
@@ -19,6 +22,6 @@ __all__ = [
     "INF", "NAN", "BinOp", "Block", "Call", "Cast", "Const", "DType", "Expr", "IterSpec", "IterVar", "Load",
     "Loop", "Program", "ProgramBuilder", "Reducer", "Select", "Seq", "Stmt", "Store", "Tensor", "Var",
     "bf16", "bool_", "builtin_reducer", "cast", "const", "eq", "exp", "f16", "f32", "f64", "floor", "fp8e4m3",
-    "i32", "i64", "log", "logical_and", "logical_not", "logical_or", "make_reducer", "maximum", "minimum", "ne",
+    "i32", "i64", "interpret", "log", "logical_and", "logical_not", "logical_or", "make_reducer", "maximum", "minimum", "ne",
     "power", "reduce", "select", "sigmoid", "spatial", "sqrt", "tanh",
 ]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from dataclasses import dataclass
-from typing import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 from polyfuse.errors import IRError, NonAffineIndex
 from polyfuse.ir import dtypes as dt

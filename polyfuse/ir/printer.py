@@ -13,7 +13,7 @@ import math
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.stmt import (
     BOUND, GLOBAL, INPUT, OUTPUT, SERIAL, Block, IterVar, Loop, Program, Reducer, Seq, Stmt,
-    builtin_reducer, reducer_for_op,
+    builtin_reducer, reducer_for_op, walk_stmts,
 )
 
 _PREC = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "+": 6, "-": 6, "*": 7, "/": 7, "//": 7, "%": 7,
@@ -40,38 +40,41 @@ def _literal(c: Const) -> str:
     return f'const({text}, "{c.dtype}")'
 
 
-def expr_to_str(e: Expr, prec: int = 0) -> str:
-    """Python source for an expression (valid inside a builder block)."""
+def expr_to_str(e: Expr, prec: int = 0, names: dict[str, str] | None = None) -> str:
+    """Python source for an expression; ``names`` maps tensor names to their Python identifiers."""
+    def sub(x: Expr, p: int = 0) -> str:
+        return expr_to_str(x, p, names)
+
     if isinstance(e, Var):
         return e.name
     if isinstance(e, Const):
         text = _literal(e)
         return f"({text})" if text.startswith("-") and prec > 0 else text
     if isinstance(e, Load):
-        return f"{e.tensor.name}[{', '.join(expr_to_str(i) for i in e.indices)}]"
+        return f"{(names or {}).get(e.tensor.name, e.tensor.name)}[{', '.join(sub(i) for i in e.indices)}]"
     if isinstance(e, Cast):
         v = e.value
-        inner = f'const({_literal_text(v.value)}, "{v.dtype}")' if isinstance(v, Const) else expr_to_str(v)
+        inner = f'const({_literal_text(v.value)}, "{v.dtype}")' if isinstance(v, Const) else sub(v)
         return f'cast("{e.type}", {inner})'
     if isinstance(e, Select):
-        return f"select({expr_to_str(e.cond)}, {expr_to_str(e.true_value)}, {expr_to_str(e.false_value)})"
+        return f"select({sub(e.cond)}, {sub(e.true_value)}, {sub(e.false_value)})"
     if isinstance(e, Call):
         arg = e.args[0]
         if e.fn == "neg":
-            text = f"-{expr_to_str(arg, _PREC['neg'] + 1)}"
+            text = f"-{sub(arg, _PREC['neg'] + 1)}"
             return f"({text})" if prec > _PREC["neg"] else text
         if e.fn == "not":
-            return f"~{expr_to_str(arg, 99)}"
-        return f"{e.fn}({expr_to_str(arg)})"
+            return f"~{sub(arg, 99)}"
+        return f"{e.fn}({sub(arg)})"
     if isinstance(e, BinOp):
         if e.op in _FUNC_OPS:
-            return f"{_FUNC_OPS[e.op]}({expr_to_str(e.a)}, {expr_to_str(e.b)})"
+            return f"{_FUNC_OPS[e.op]}({sub(e.a)}, {sub(e.b)})"
         p = _PREC[e.op]
         sym = _INFIX.get(e.op, e.op)
         if e.op == "pow":  # right-associative
-            text = f"{expr_to_str(e.a, p + 1)} {sym} {expr_to_str(e.b, p)}"
+            text = f"{sub(e.a, p + 1)} {sym} {sub(e.b, p)}"
         else:
-            text = f"{expr_to_str(e.a, p)} {sym} {expr_to_str(e.b, p + 1)}"
+            text = f"{sub(e.a, p)} {sym} {sub(e.b, p + 1)}"
         return f"({text})" if p < prec or (p == 4 and prec == 4) else text
     raise TypeError(f"cannot print {type(e).__name__}")
 
@@ -83,7 +86,7 @@ def _iter_spec(iv: IterVar, bind: Expr | None) -> str:
     return f"{fn}({expr_to_str(iv.extent)}, {expr_to_str(bind)})"
 
 
-def _reducer_args(b: Block) -> str:
+def _reducer_args(b: Block, names: dict[str, str]) -> str:
     if b.reducer is None:
         return ""
     r, st = b.reducer, b.store
@@ -94,7 +97,7 @@ def _reducer_args(b: Block) -> str:
     if r != inferred:
         args.append(f"reducer={_reducer_text(r)}")
     if b.init != r.identity:
-        args.append(f"init={expr_to_str(b.init)}")  # type: ignore[arg-type]
+        args.append(f"init={expr_to_str(b.init, 0, names)}")  # type: ignore[arg-type]
     return "".join(f", {a}" for a in args)
 
 
@@ -126,17 +129,17 @@ def _unpack(names: list[str]) -> str:
     return f"({names[0]},)" if len(names) == 1 else f"({', '.join(names)})"
 
 
-def _stmt_lines(s: Stmt, indent: int, out: list[str]) -> None:
+def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> None:
     pad = "    " * indent
     compact = _compact_nest(s)
     if compact is not None:
         b = compact
         specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, None)}" for iv in b.iters)
-        out.append(f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b)}) as {_unpack([iv.var.name for iv in b.iters])}:')
-        _store_line(b, indent + 1, out)
+        out.append(f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b, names)}) as {_unpack([iv.var.name for iv in b.iters])}:')
+        _store_line(b, indent + 1, out, names)
     elif isinstance(s, Seq):
         for c in s.stmts:
-            _stmt_lines(c, indent, out)
+            _stmt_lines(c, indent, out, names)
     elif isinstance(s, Loop):
         extra = ""
         if s.kind == BOUND:
@@ -146,29 +149,30 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str]) -> None:
         if s.annotations:
             extra += f", annotations={s.annotations!r}"
         out.append(f'{pad}with p.loop("{s.var.name}", {expr_to_str(s.extent)}{extra}) as {s.var.name}:')
-        _stmt_lines(s.body, indent + 1, out)
+        _stmt_lines(s.body, indent + 1, out, names)
     elif isinstance(s, Block):
         specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, b)}" for iv, b in zip(s.iters, s.bindings))
-        out.append(f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s)}) as {_unpack([iv.var.name for iv in s.iters])}:')
-        _store_line(s, indent + 1, out)
+        out.append(f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s, names)}) as {_unpack([iv.var.name for iv in s.iters])}:')
+        _store_line(s, indent + 1, out, names)
     else:
         raise TypeError(f"cannot print {type(s).__name__}")
 
 
-def _store_line(b: Block, indent: int, out: list[str]) -> None:
+def _store_line(b: Block, indent: int, out: list[str], names: dict[str, str]) -> None:
     st = b.store
     idx = ", ".join(expr_to_str(i) for i in st.indices)
-    out.append(f"{'    ' * indent}{st.tensor.name}[{idx}] = {expr_to_str(st.value)}")
+    out.append(f"{'    ' * indent}{names.get(st.tensor.name, st.tensor.name)}[{idx}] = {expr_to_str(st.value, 0, names)}")
 
 
 def stmt_to_str(s: Stmt) -> str:
     out: list[str] = []
-    _stmt_lines(s, 0, out)
+    _stmt_lines(s, 0, out, {})
     return "\n".join(out)
 
 
 def print_program(program: Program) -> str:
     """The program as builder Python defining ``program()``."""
+    names = _tensor_identifiers(program)
     lines = ["from polyfuse.ir import *", "", "", "def program():", f'    p = ProgramBuilder("{program.name}")']
     for v in program.params:
         lines.append(f'    {v.name} = p.size("{v.name}")')
@@ -176,10 +180,28 @@ def print_program(program: Program) -> str:
         shape = ", ".join(expr_to_str(d) for d in t.shape) + ("," if t.ndim == 1 else "")
         role = {INPUT: "input", OUTPUT: "output"}.get(t.role, "temp")
         scope = f', scope="{t.scope}"' if t.scope != GLOBAL else ""
-        lines.append(f'    {t.name} = p.{role}("{t.name}", ({shape}), "{t.dtype}"{scope})')
-    _stmt_lines(program.body, 1, lines)
+        lines.append(f'    {names[t.name]} = p.{role}("{t.name}", ({shape}), "{t.dtype}"{scope})')
+    _stmt_lines(program.body, 1, lines, names)
     lines.append("    return p.build()")
     return "\n".join(lines) + "\n"
+
+
+def _tensor_identifiers(program: Program) -> dict[str, str]:
+    """Python identifiers for tensors, renamed (``k`` -> ``k_``) where a variable has the same name."""
+    taken = {v.name for v in program.params} | {"p"}
+    for st in walk_stmts(program.body):
+        if isinstance(st, Loop):
+            taken.add(st.var.name)
+        elif isinstance(st, Block):
+            taken |= {iv.var.name for iv in st.iters}
+    out = {}
+    for t in program.tensors:
+        ident = t.name
+        while ident in taken:
+            ident += "_"
+        taken.add(ident)
+        out[t.name] = ident
+    return out
 
 
 def program_from_source(text: str) -> Program:

@@ -15,7 +15,7 @@ first update (all reduce iterations at 0) the output element is set to ``init``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Iterator
+from collections.abc import Iterator
 
 from polyfuse.errors import IRError
 from polyfuse.ir import dtypes as dt

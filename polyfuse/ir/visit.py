@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from polyfuse.errors import IRError, UnboundSize
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var

@@ -1,0 +1,36 @@
+"""What accelerators this machine has, asked without initialising anything heavy."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+
+
+@functools.cache
+def cuda_gpu_count() -> int:
+    """Number of CUDA GPUs visible: ``nvidia-smi -L`` if present, else cuda-python, else 0."""
+    if shutil.which("nvidia-smi"):
+        try:
+            listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            listing = None
+        if listing is not None and listing.returncode == 0:
+            return sum(line.startswith("GPU ") for line in listing.stdout.splitlines())
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart
+        except ImportError:
+            return 0
+    try:
+        err, count = cudart.cudaGetDeviceCount()
+    except (RuntimeError, OSError):
+        return 0
+    return int(count) if int(err) == 0 else 0
+
+
+def nvcc_path() -> str | None:
+    """Where ``nvcc`` is on PATH, if anywhere."""
+    return shutil.which("nvcc")

@@ -1,0 +1,107 @@
+"""What the command can do with a catalog operator: print it at a stage, run it on a backend.
+
+Each stage is one entry of :data:`STAGES` (``Subject -> source text``) and each backend one
+entry of :data:`BACKENDS` (``Subject, inputs -> outputs``).  A name listed in
+:data:`STAGE_NAMES` or :data:`BACKEND_NAMES` without an entry is reported as not available
+yet (exit 4); later pipeline stages become available by adding their entry here.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from polyfuse import ops
+from polyfuse.errors import BackendUnavailable, PolyfuseError
+from polyfuse.ir.stmt import Program
+from polyfuse.ops.base import Arrays, Comparison, Operator, Sizes
+
+STAGE_NAMES = ("plain", "fused", "tile", "cpp", "cuda", "hip")
+BACKEND_NAMES = ("interp", "fused", "tile", "cpp", "cuda", "hip")
+
+
+class NotAvailable(PolyfuseError):
+    """A stage, backend or command that this version of polyfuse does not provide yet."""
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A catalog operator at one mode and one set of sizes: what every stage and backend works on."""
+
+    op: Operator
+    mode: str
+    sizes: Sizes
+
+    @classmethod
+    def of(cls, name: str, mode: str | None, overrides: Mapping[str, int]) -> Subject:
+        op = ops.get(name)
+        resolved = op.mode_or_default(mode)
+        return cls(op, resolved, op.sizes(resolved, overrides))
+
+    def program(self) -> Program:
+        return self.op.program(self.mode, **self.sizes)
+
+    def __str__(self) -> str:
+        sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
+        return f"{self.op.name} mode={self.mode} {sizes}"
+
+
+def _plain_source(subject: Subject) -> str:
+    return str(subject.program())
+
+
+def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
+    try:
+        from polyfuse.ir import interpret
+    except ImportError:
+        raise BackendUnavailable("backend interp is not available: polyfuse.ir has no interpreter yet") from None
+    program = subject.program()
+    sizes = {p.name: subject.sizes[p.name] for p in program.params if p.name in subject.sizes}
+    return interpret(program, inputs, sizes)
+
+
+STAGES: dict[str, Callable[[Subject], str]] = {
+    "plain": _plain_source,
+}
+
+BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
+    "interp": _interpret_plain,
+}
+
+
+def require_stage(stage: str) -> Callable[[Subject], str]:
+    try:
+        return STAGES[stage]
+    except KeyError:
+        raise NotAvailable(f"stage {stage} is not available yet in this version") from None
+
+
+def require_backend(backend: str) -> Callable[[Subject, Arrays], Arrays]:
+    try:
+        return BACKENDS[backend]
+    except KeyError:
+        raise NotAvailable(f"backend {backend} is not available yet in this version") from None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One backend's outputs compared with the operator's float64 NumPy reference."""
+
+    comparison: Comparison
+    seconds: float
+
+
+def check_backend(subject: Subject, backend: str, *, seed: int, magnitude: float) -> CheckResult:
+    """Run ``subject`` on ``backend`` with random inputs and compare with the reference.
+
+    ``seconds`` is the wall time of the backend alone (not inputs or reference).
+    """
+    run = require_backend(backend)
+    inputs = subject.op.inputs(seed, subject.mode, subject.sizes, magnitude)
+    start = time.perf_counter()
+    results = run(subject, inputs)
+    seconds = time.perf_counter() - start
+    reference = subject.op.reference(inputs, subject.mode, subject.sizes)
+    tolerance = subject.op.tolerance(subject.mode, subject.sizes)
+    return CheckResult(ops.compare(results, reference, tolerance), seconds)

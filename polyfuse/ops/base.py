@@ -1,0 +1,121 @@
+"""What a catalog operator is, and how results are compared with its reference."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from polyfuse.errors import PolyfuseError
+from polyfuse.ir.stmt import Program
+
+Sizes = dict[str, int]
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One catalog entry.
+
+    - ``build(mode, sizes) -> Program``: the plain, unfused program, written as a user would.
+    - ``make_inputs(rng, mode, sizes, magnitude) -> {input name: array}`` in the program's input
+      dtypes; ``magnitude`` scales values (e.g. 1e4 for logits where an unstable formula overflows).
+    - ``reference(inputs, mode, sizes) -> {output name: float64 array}``: NumPy in float64.
+    - ``tolerance(mode, sizes) -> {output name: (atol, rtol)}`` with the reason in ``tolerance_note``.
+    - ``defaults[mode]``: small test sizes; ``presets[mode]``: benchmark sizes (model shapes).
+    """
+
+    name: str
+    description: str
+    build: Callable[[str, Sizes], Program]
+    make_inputs: Callable[[np.random.Generator, str, Sizes, float], Arrays]
+    reference: Callable[[Arrays, str, Sizes], Arrays]
+    tolerance: Callable[[str, Sizes], dict[str, tuple[float, float]]]
+    tolerance_note: str
+    defaults: Mapping[str, Sizes]
+    presets: Mapping[str, Sizes] = field(default_factory=dict)
+    modes: tuple[str, ...] = ("default",)
+    magnitudes: tuple[float, ...] = (1.0,)
+
+    def mode_or_default(self, mode: str | None) -> str:
+        if mode is None:
+            return self.modes[0]
+        if mode not in self.modes:
+            raise PolyfuseError(f"operator {self.name!r} has modes {', '.join(self.modes)}, not {mode!r}")
+        return mode
+
+    def sizes(self, mode: str | None = None, overrides: Mapping[str, int] | None = None) -> Sizes:
+        """Default test sizes of ``mode`` with ``overrides`` applied (unknown names are an error)."""
+        m = self.mode_or_default(mode)
+        out = dict(self.defaults[m])
+        for k, v in (overrides or {}).items():
+            if k not in out:
+                raise PolyfuseError(f"operator {self.name!r} has no size {k!r}; its sizes: {', '.join(out)}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise PolyfuseError(f"operator {self.name!r}: size {k} must be a positive integer, got {v!r}")
+            out[k] = v
+        return out
+
+    def program(self, mode: str | None = None, **sizes: int) -> Program:
+        m = self.mode_or_default(mode)
+        return self.build(m, self.sizes(m, sizes))
+
+    def inputs(self, seed: int = 0, mode: str | None = None, sizes: Mapping[str, int] | None = None,
+               magnitude: float = 1.0) -> Arrays:
+        m = self.mode_or_default(mode)
+        return self.make_inputs(np.random.default_rng(seed), m, self.sizes(m, sizes), magnitude)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Errors of a result against the float64 reference, and whether they are in tolerance."""
+
+    max_abs_err: float
+    max_rel_err: float
+    tol: str
+    ok: bool
+    worst: str
+
+    def line(self) -> str:
+        return (f"max_abs_err={self.max_abs_err:.3e} max_rel_err={self.max_rel_err:.3e} "
+                f"tol={self.tol} {'OK' if self.ok else 'FAIL'}")
+
+
+def compare(results: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarray],
+            tolerance: Mapping[str, tuple[float, float]]) -> Comparison:
+    """Elementwise ``|out - ref| <= atol + rtol·|ref|`` for every output; NaN/inf must match exactly.
+
+    ``max_rel_err`` is ``|out - ref| / max(|ref|, atol)`` so that it is meaningful near zero.
+    """
+    max_abs = max_rel = 0.0
+    ok = True
+    worst = ""
+    tols = []
+    for name, ref in reference.items():
+        if name not in results:
+            raise PolyfuseError(f"result has no output {name!r}")
+        out = np.asarray(results[name]).astype(np.float64)
+        ref = np.asarray(ref, dtype=np.float64)
+        if out.shape != ref.shape:
+            raise PolyfuseError(f"output {name!r} has shape {out.shape}, the reference {ref.shape}")
+        atol, rtol = tolerance[name]
+        tols.append(f"{name}:{atol:.0e}+{rtol:.0e}*|ref|" if len(reference) > 1 else f"{atol:.0e}+{rtol:.0e}*|ref|")
+        finite = np.isfinite(ref)
+        same_special = np.all((out[~finite] == ref[~finite]) | (np.isnan(out[~finite]) & np.isnan(ref[~finite])))
+        if not same_special or not np.all(np.isfinite(out[finite])):
+            ok = False
+            worst = f"{name}: non-finite values differ from the reference"
+        err = np.abs(out[finite] - ref[finite])
+        if err.size:
+            bound = atol + rtol * np.abs(ref[finite])
+            rel = err / np.maximum(np.abs(ref[finite]), atol)
+            a, r = float(np.nanmax(err)), float(np.nanmax(rel))
+            if a > max_abs:
+                max_abs, worst = a, worst or name
+            max_rel = max(max_rel, r)
+            if np.any(~(err <= bound)):
+                ok = False
+                i = int(np.argmax(err / bound))
+                worst = f"{name}: err {err[i]:.3e} > {bound[i]:.3e} at flat index {i}"
+    return Comparison(max_abs, max_rel, ",".join(tols), ok, worst)
