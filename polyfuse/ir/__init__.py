@@ -22,6 +22,7 @@ __all__ = [
     "INF", "NAN", "BinOp", "Block", "Call", "Cast", "Const", "DType", "Expr", "IterSpec", "IterVar", "Load",
     "Loop", "Program", "ProgramBuilder", "Reducer", "Select", "Seq", "Stmt", "Store", "Tensor", "Var",
     "bf16", "bool_", "builtin_reducer", "cast", "const", "eq", "exp", "f16", "f32", "f64", "floor", "fp8e4m3",
-    "i32", "i64", "interpret", "log", "logical_and", "logical_not", "logical_or", "make_reducer", "maximum", "minimum", "ne",
+    "i32", "i64", "interpret", "log", "logical_and", "logical_not", "logical_or", "make_reducer", "maximum",
+    "minimum", "ne",
     "power", "reduce", "select", "sigmoid", "spatial", "sqrt", "tanh",
 ]

@@ -8,13 +8,12 @@ an expression into integer coefficients of variables and of floor/mod atoms.
 
 from __future__ import annotations
 
-from typing import Union
 
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 
 # A key of a linear form: a variable name, a floor-division/modulo atom, or 1 (the constant).
-Atom = Union[str, BinOp, int]
+Atom = str | BinOp | int
 
 
 class _NotAffine(Exception):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
 
 from polyfuse.errors import IRError
 from polyfuse.ir import dtypes as dt
@@ -121,7 +121,7 @@ class Expr:
         return expr_to_str(self)
 
 
-ExprLike = Union[Expr, int, float, bool]
+ExprLike = Expr | int | float | bool
 
 
 @dataclass(frozen=True, eq=True, repr=False)

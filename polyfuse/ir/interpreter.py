@@ -30,6 +30,7 @@ from polyfuse.ir.stmt import INPUT, Block, Loop, Program, Seq, Stmt, Tensor, wal
 from polyfuse.ir.visit import loads, substitute
 
 Value = np.ndarray
+_TRUE = np.bool_(True)
 
 _BINARY = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "//": np.floor_divide,
@@ -86,7 +87,7 @@ def _bind(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping[str
         shape = np.shape(inputs[t.name])
         if len(shape) != t.ndim:
             raise IRError(f"input {t.name!r} has {len(shape)} dimensions, the program declares {t.ndim}")
-        for d, (decl, got) in enumerate(zip(t.shape, shape)):
+        for d, (decl, got) in enumerate(zip(t.shape, shape, strict=True)):
             if isinstance(decl, Var) and decl.name in params:
                 if found.setdefault(decl.name, got) != got:
                     raise IRError(f"size {decl.name} is {found[decl.name]}, but input {t.name!r} "
@@ -137,7 +138,7 @@ class _Runner:
     def block(self, b: Block, env: dict[str, Value]) -> None:
         ienv: dict[str, Value] = {}
         guard: Value = np.bool_(True)
-        for iv, bnd in zip(b.iters, b.bindings):
+        for iv, bnd in zip(b.iters, b.bindings, strict=True):
             val = self.expr(bnd, env, b)
             ienv[iv.var.name] = val
             ext = _static(iv.extent, f"block {b.name!r}, extent of {iv.var.name!r}")
@@ -169,7 +170,7 @@ class _Runner:
 
     def _check_bounds(self, b: Block, t: Tensor, idx: list[Value], mask: Value | None, verb: str) -> None:
         buf = self.buffers[t.name]
-        for d, (i, n) in enumerate(zip(idx, buf.shape)):
+        for d, (i, n) in enumerate(zip(idx, buf.shape, strict=True)):
             bad = (i < 0) | (i >= n)
             if mask is not None:
                 bad = bad & mask
@@ -179,7 +180,7 @@ class _Runner:
                                     f"index {int(where.flat[0])} in dimension {d} of size {n}")
 
     # ------------------------------------------------------------ expressions
-    def expr(self, e: Expr, env: dict[str, Value], b: Block, guard: Value = np.bool_(True)) -> Value:
+    def expr(self, e: Expr, env: dict[str, Value], b: Block, guard: Value = _TRUE) -> Value:
         if isinstance(e, Var):
             try:
                 return env[e.name]
@@ -191,7 +192,7 @@ class _Runner:
             buf = self.buffers[e.tensor.name]
             idx = [self.expr(i, env, b, guard) for i in e.indices]
             self._check_bounds(b, e.tensor, idx, guard, "reads")
-            safe = tuple(np.clip(i, 0, n - 1) for i, n in zip(idx, buf.shape))
+            safe = tuple(np.clip(i, 0, n - 1) for i, n in zip(idx, buf.shape, strict=True))
             return np.asarray(buf[safe])
         if isinstance(e, BinOp):
             a, c = self.expr(e.a, env, b, guard), self.expr(e.b, env, b, guard)
@@ -223,7 +224,7 @@ def _independent(loop: Loop) -> bool:
     written = {b.store.tensor.name for b in blocks}
     accesses: dict[str, list[tuple[Expr, ...]]] = {name: [] for name in written}
     for b in blocks:
-        binding = {iv.var.name: bnd for iv, bnd in zip(b.iters, b.bindings)}
+        binding = {iv.var.name: bnd for iv, bnd in zip(b.iters, b.bindings, strict=True)}
         refs = [(b.store.tensor.name, b.store.indices)]
         for expr in (b.store.value, b.init):
             if expr is not None:

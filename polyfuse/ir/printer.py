@@ -16,8 +16,10 @@ from polyfuse.ir.stmt import (
     builtin_reducer, reducer_for_op, walk_stmts,
 )
 
-_PREC = {"or": 1, "and": 2, "<": 4, "<=": 4, ">": 4, ">=": 4, "+": 6, "-": 6, "*": 7, "/": 7, "//": 7, "%": 7,
+# Python's own precedence: `|` and `&` (our logical or/and) bind tighter than comparisons.
+_PREC = {"<": 3, "<=": 3, ">": 3, ">=": 3, "or": 4, "and": 5, "+": 6, "-": 6, "*": 7, "/": 7, "//": 7, "%": 7,
          "neg": 8, "pow": 9}
+_COMPARE = ("<", "<=", ">", ">=")
 _INFIX = {"and": "&", "or": "|", "pow": "**"}
 _FUNC_OPS = {"max": "maximum", "min": "minimum", "==": "eq", "!=": "ne"}
 _DEFAULT_LITERAL = {"f32", "i32", "bool"}
@@ -40,9 +42,23 @@ def _literal(c: Const) -> str:
     return f'const({text}, "{c.dtype}")'
 
 
+def _explicit(c: Expr) -> bool:
+    return isinstance(c, Const)
+
+
+def _const_call(c: Const) -> str:
+    return f'const({_literal_text(c.value)}, "{c.dtype}")'
+
+
 def expr_to_str(e: Expr, prec: int = 0, names: dict[str, str] | None = None) -> str:
-    """Python source for an expression; ``names`` maps tensor names to their Python identifiers."""
-    def sub(x: Expr, p: int = 0) -> str:
+    """Python source for an expression; ``names`` maps tensor names to their Python identifiers.
+
+    Where every operand is a constant, one is printed as ``const(...)`` so that Python
+    builds the node instead of computing the value.
+    """
+    def sub(x: Expr, p: int = 0, force: bool = False) -> str:
+        if force and isinstance(x, Const):
+            return _const_call(x)
         return expr_to_str(x, p, names)
 
     if isinstance(e, Var):
@@ -57,25 +73,27 @@ def expr_to_str(e: Expr, prec: int = 0, names: dict[str, str] | None = None) -> 
         inner = f'const({_literal_text(v.value)}, "{v.dtype}")' if isinstance(v, Const) else sub(v)
         return f'cast("{e.type}", {inner})'
     if isinstance(e, Select):
-        return f"select({sub(e.cond)}, {sub(e.true_value)}, {sub(e.false_value)})"
+        both = _explicit(e.true_value) and _explicit(e.false_value)
+        return f"select({sub(e.cond)}, {sub(e.true_value, 0, both)}, {sub(e.false_value)})"
     if isinstance(e, Call):
         arg = e.args[0]
         if e.fn == "neg":
-            text = f"-{sub(arg, _PREC['neg'] + 1)}"
+            text = f"-{sub(arg, _PREC['neg'] + 1, True)}"
             return f"({text})" if prec > _PREC["neg"] else text
         if e.fn == "not":
-            return f"~{sub(arg, 99)}"
-        return f"{e.fn}({sub(arg)})"
+            return f"~{sub(arg, 99, True)}"
+        return f"{e.fn}({sub(arg, 0, True)})"
     if isinstance(e, BinOp):
+        both = _explicit(e.a) and _explicit(e.b)
         if e.op in _FUNC_OPS:
-            return f"{_FUNC_OPS[e.op]}({sub(e.a)}, {sub(e.b)})"
+            return f"{_FUNC_OPS[e.op]}({sub(e.a, 0, both)}, {sub(e.b)})"
         p = _PREC[e.op]
         sym = _INFIX.get(e.op, e.op)
         if e.op == "pow":  # right-associative
-            text = f"{sub(e.a, p + 1)} {sym} {sub(e.b, p)}"
+            text = f"{sub(e.a, p + 1, both)} {sym} {sub(e.b, p)}"
         else:
-            text = f"{sub(e.a, p)} {sym} {sub(e.b, p + 1)}"
-        return f"({text})" if p < prec or (p == 4 and prec == 4) else text
+            text = f"{sub(e.a, p, both)} {sym} {sub(e.b, p + 1)}"
+        return f"({text})" if p < prec or (p == prec and e.op in _COMPARE) else text
     raise TypeError(f"cannot print {type(e).__name__}")
 
 
@@ -119,7 +137,7 @@ def _compact_nest(s: Stmt) -> Block | None:
         s = s.body
     if not isinstance(s, Block) or len(loops) != len(s.iters):
         return None
-    for lp, iv, b in zip(loops, s.iters, s.bindings):
+    for lp, iv, b in zip(loops, s.iters, s.bindings, strict=True):
         if lp.var.name != iv.var.name or b != Var(iv.var.name) or lp.extent != iv.extent:
             return None
     return s
@@ -135,7 +153,8 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> 
     if compact is not None:
         b = compact
         specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, None)}" for iv in b.iters)
-        out.append(f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b, names)}) as {_unpack([iv.var.name for iv in b.iters])}:')
+        head = f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b, names)})'
+        out.append(f"{head} as {_unpack([iv.var.name for iv in b.iters])}:")
         _store_line(b, indent + 1, out, names)
     elif isinstance(s, Seq):
         for c in s.stmts:
@@ -151,8 +170,9 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> 
         out.append(f'{pad}with p.loop("{s.var.name}", {expr_to_str(s.extent)}{extra}) as {s.var.name}:')
         _stmt_lines(s.body, indent + 1, out, names)
     elif isinstance(s, Block):
-        specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, b)}" for iv, b in zip(s.iters, s.bindings))
-        out.append(f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s, names)}) as {_unpack([iv.var.name for iv in s.iters])}:')
+        specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, b)}" for iv, b in zip(s.iters, s.bindings, strict=True))
+        head = f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s, names)})'
+        out.append(f"{head} as {_unpack([iv.var.name for iv in s.iters])}:")
         _store_line(s, indent + 1, out, names)
     else:
         raise TypeError(f"cannot print {type(s).__name__}")
@@ -161,7 +181,8 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> 
 def _store_line(b: Block, indent: int, out: list[str], names: dict[str, str]) -> None:
     st = b.store
     idx = ", ".join(expr_to_str(i) for i in st.indices)
-    out.append(f"{'    ' * indent}{names.get(st.tensor.name, st.tensor.name)}[{idx}] = {expr_to_str(st.value, 0, names)}")
+    target = names.get(st.tensor.name, st.tensor.name)
+    out.append(f"{'    ' * indent}{target}[{idx}] = {expr_to_str(st.value, 0, names)}")
 
 
 def stmt_to_str(s: Stmt) -> str:

@@ -199,7 +199,7 @@ class Block(Stmt):
         return tuple(iv for iv in self.iters if iv.is_reduce)
 
     def binding_of(self, name: str) -> Expr:
-        for iv, b in zip(self.iters, self.bindings):
+        for iv, b in zip(self.iters, self.bindings, strict=True):
             if iv.var.name == name:
                 return b
         raise IRError(f"block {self.name!r} has no iteration variable {name!r}")
@@ -265,7 +265,8 @@ class Program:
         for t in self.tensors:
             if t.name == name:
                 return t
-        raise IRError(f"program {self.name!r} has no tensor {name!r}; tensors: {', '.join(t.name for t in self.tensors)}")
+        known = ", ".join(t.name for t in self.tensors)
+        raise IRError(f"program {self.name!r} has no tensor {name!r}; tensors: {known}")
 
     def blocks(self) -> list[Block]:
         """Blocks in program (execution-text) order."""
@@ -275,7 +276,8 @@ class Program:
         for b in self.blocks():
             if b.name == name:
                 return b
-        raise IRError(f"program {self.name!r} has no block {name!r}; blocks: {', '.join(b.name for b in self.blocks())}")
+        known = ", ".join(b.name for b in self.blocks())
+        raise IRError(f"program {self.name!r} has no block {name!r}; blocks: {known}")
 
     def replace(self, **changes: object) -> Program:
         return _replace(self, changes)

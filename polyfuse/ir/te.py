@@ -78,6 +78,15 @@ class _Reduction:
     term: Expr
     axes: tuple[ReduceAxis, ...]
 
+    def _refuse(self, *_: object) -> Expr:
+        raise IRError("a reduction must be the whole body of compute(), not part of an expression; "
+                      "compute it into its own tensor first")
+
+
+for _dunder in ("add", "radd", "sub", "rsub", "mul", "rmul", "truediv", "rtruediv", "pow", "rpow",
+                "lt", "le", "gt", "ge", "neg"):
+    setattr(_Reduction, f"__{_dunder}__", _Reduction._refuse)
+
 
 def _axes(axis) -> tuple[ReduceAxis, ...]:
     items = axis if isinstance(axis, (list, tuple)) else (axis,)
@@ -202,7 +211,7 @@ def compute(shape: Sequence[ExprLike], fcompute: Callable[..., ExprLike | _Reduc
         body = fcompute(*vars_)
     finally:
         _reading.reset(token)
-    iters = [IterVar(v, d, SPATIAL) for v, d in zip(vars_, dims)]
+    iters = [IterVar(v, d, SPATIAL) for v, d in zip(vars_, dims, strict=True)]
     reducer: Reducer | None = None
     if isinstance(body, _Reduction):
         clash = {a.var.name for a in body.axes} & set(names)

@@ -75,7 +75,7 @@ def _check_block(b: Block, loop_vars: list[str], params: set[str], check_expr, t
     if clash:
         raise IRError(f"{where}: iteration variable {clash[0]!r} has the name of a size parameter")
     loop_scope = set(loop_vars) | params
-    for iv, bnd in zip(b.iters, b.bindings):
+    for iv, bnd in zip(b.iters, b.bindings, strict=True):
         check_affine(iv.extent, allowed=params, what=f"{where}, extent of {iv.var.name!r}")
         check_affine(bnd, allowed=loop_scope, what=f"{where}, binding of {iv.var.name!r}")
     scope = set(names) | params

@@ -104,7 +104,7 @@ def match_pattern(
         if isinstance(p, Load) and p.tensor != v.tensor:  # type: ignore[attr-defined]
             return False
         pk, vk = children(p), children(v)
-        return len(pk) == len(vk) and all(go(a, b) for a, b in zip(pk, vk))
+        return len(pk) == len(vk) and all(go(a, b) for a, b in zip(pk, vk, strict=True))
 
     return bound if go(pattern, value) else None
 

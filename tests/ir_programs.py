@@ -1,0 +1,56 @@
+"""Small hand-written programs shared by the IR tests."""
+
+from __future__ import annotations
+
+from polyfuse.ir import ProgramBuilder, Program, exp, maximum, reduce, spatial
+
+
+def softmax_sum(symbolic: bool = True, n: int = 2, m: int = 4) -> Program:
+    """Neptune Fig. 1a."""
+    p = ProgramBuilder("softmax_sum")
+    N, M = p.sizes("N", "M") if symbolic else (n, m)
+    inp = p.input("inp", (N, M), "f32")
+    xmax = p.temp("xmax", (N,), "f32")
+    xexp = p.temp("xexp", (N, M), "f32")
+    xsum = p.output("xsum", (N,), "f32")
+    with p.nest("s_max", i=N, j=reduce(M)) as (i, j):
+        xmax[i] = maximum(xmax[i], inp[i, j])
+    with p.nest("s_exp", i=N, j=M) as (i, j):
+        xexp[i, j] = exp(inp[i, j] - xmax[i])
+    with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
+        xsum[i] = xsum[i] + xexp[i, j]
+    return p.build()
+
+
+def softmax_sum_split(n: int = 10, m: int = 6, factor: int = 4) -> Program:
+    """Fig. 1a with the row loop split by a factor that does not divide it (guarded)."""
+    p = ProgramBuilder("softmax_sum_split")
+    inp = p.input("inp", (n, m), "f32")
+    xmax = p.temp("xmax", (n,), "f32")
+    xexp = p.temp("xexp", (n, m), "f32")
+    xsum = p.output("xsum", (n,), "f32")
+    outer = (n + factor - 1) // factor
+    with p.loop("i0", outer) as i0:
+        with p.loop("i1", factor) as i1:
+            with p.loop("j", m) as j:
+                with p.block("s_max", i=spatial(n, i0 * factor + i1), j=reduce(m, j)) as (i, jj):
+                    xmax[i] = maximum(xmax[i], inp[i, jj])
+            with p.loop("j", m) as j:
+                with p.block("s_exp", i=spatial(n, i0 * factor + i1), j=spatial(m, j)) as (i, jj):
+                    xexp[i, jj] = exp(inp[i, jj] - xmax[i])
+                with p.block("s_sum", i=spatial(n, i0 * factor + i1), j=reduce(m, j)) as (i, jj):
+                    xsum[i] = xsum[i] + xexp[i, jj]
+    return p.build()
+
+
+def prefix_sum(n: int = 9) -> Program:
+    """y[i] = y[i-1] + x[i]: iterations depend on each other, so the loop must run in order."""
+    p = ProgramBuilder("prefix_sum")
+    x = p.input("x", (n,), "f32")
+    y = p.output("y", (n,), "f32")
+    with p.nest("first", i=1) as (i,):
+        y[i] = x[i]
+    with p.loop("t", n - 1) as t:
+        with p.block("scan", i=spatial(n - 1, t)) as (i,):
+            y[i + 1] = y[i] + x[i + 1]
+    return p.build()
