@@ -7,7 +7,7 @@ The tensor-expression layer lives in ``polyfuse.ir.te``.
 output starts with it).
 """
 
-from polyfuse.ir.builder import IterSpec, ProgramBuilder, make_reducer, reduce, spatial
+from polyfuse.ir.builder import NO_INIT, IterSpec, ProgramBuilder, make_reducer, reduce, spatial
 from polyfuse.ir.interpreter import interpret
 from polyfuse.ir.dtypes import DType, bf16, bool_, f16, f32, f64, fp8e4m3, i32, i64
 from polyfuse.ir.expr import (
@@ -19,8 +19,8 @@ from polyfuse.ir.stmt import Block, IterVar, Loop, Program, Reducer, Seq, Stmt, 
 NAN = float("nan")
 
 __all__ = [
-    "INF", "NAN", "BinOp", "Block", "Call", "Cast", "Const", "DType", "Expr", "IterSpec", "IterVar", "Load",
-    "Loop", "Program", "ProgramBuilder", "Reducer", "Select", "Seq", "Stmt", "Store", "Tensor", "Var",
+    "INF", "NAN", "NO_INIT", "BinOp", "Block", "Call", "Cast", "Const", "DType", "Expr", "IterSpec", "IterVar",
+    "Load", "Loop", "Program", "ProgramBuilder", "Reducer", "Select", "Seq", "Stmt", "Store", "Tensor", "Var",
     "bf16", "bool_", "builtin_reducer", "cast", "const", "eq", "exp", "f16", "f32", "f64", "floor", "fp8e4m3",
     "i32", "i64", "interpret", "log", "logical_and", "logical_not", "logical_or", "make_reducer", "maximum",
     "minimum", "ne",

@@ -21,7 +21,8 @@ programs, opens loops with ``p.loop(...)`` and binds a block's iteration
 variables explicitly with ``p.block(name, i=spatial(N, i0 * 4 + i1), ...)``.
 A reduction's reducer is inferred from its store (``x[i] = x[i] + t`` is a sum,
 ``maximum(x[i], t)`` a max …) unless ``reducer=`` is given; ``init`` defaults to
-the reducer's identity.
+the reducer's identity, and ``init=NO_INIT`` makes a reduction that accumulates
+into the tensor's current value (what ``decompose_reduction`` leaves behind).
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ from polyfuse.ir.stmt import (
 )
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import seq
+
+class _NoInit:
+    """The type of :data:`NO_INIT`."""
+
+    def __repr__(self) -> str:
+        return "NO_INIT"
+
+
+NO_INIT = _NoInit()
+"""``init=NO_INIT``: the reduction has no init and accumulates into the tensor's current value."""
 
 _CURRENT: contextvars.ContextVar[_OpenBlock | None] = contextvars.ContextVar("polyfuse_open_block", default=None)
 
@@ -108,7 +119,8 @@ def record_store(tensor: Tensor, idx: object, value: object) -> None:
 
 
 class _OpenBlock:
-    def __init__(self, name: str, iters: tuple[IterVar, ...], reducer: Reducer | str | None, init: ExprLike | None):
+    def __init__(self, name: str, iters: tuple[IterVar, ...], reducer: Reducer | str | None,
+                 init: ExprLike | _NoInit | None):
         self.name, self.iters, self.reducer, self.init = name, iters, reducer, init
         self.store: Store | None = None
         self.block_reducer: Reducer | None = None
@@ -151,7 +163,7 @@ class _OpenBlock:
         if self.store is None:
             raise IRError(f"block {self.name!r} has no store; write `tensor[...] = value` inside it")
         init = None
-        if self.block_reducer is not None:
+        if self.block_reducer is not None and self.init is not NO_INIT:
             init = self.block_reducer.identity if self.init is None else cast(self.store.tensor.dtype, self.init)
         return Block(self.name, self.iters, bindings, self.store, self.block_reducer, init)
 
@@ -219,7 +231,7 @@ class ProgramBuilder:
                                     seq(*body), kind, thread, tuple(annotations)))
 
     @contextlib.contextmanager
-    def block(self, name: str, *, reducer: Reducer | str | None = None, init: ExprLike | None = None,
+    def block(self, name: str, *, reducer: Reducer | str | None = None, init: ExprLike | _NoInit | None = None,
               **iters: IterSpec) -> Iterator[tuple[Var, ...]]:
         """Open a block whose iteration variables are bound explicitly (``spatial(N, bind)``)."""
         missing = [k for k, s in iters.items() if not isinstance(s, IterSpec) or s.bind is None]
@@ -233,7 +245,7 @@ class ProgramBuilder:
         self._stack[-1].append(ob.finish(bindings))  # type: ignore[arg-type]
 
     @contextlib.contextmanager
-    def nest(self, name: str, *, reducer: Reducer | str | None = None, init: ExprLike | None = None,
+    def nest(self, name: str, *, reducer: Reducer | str | None = None, init: ExprLike | _NoInit | None = None,
              **iters: ExprLike | IterSpec) -> Iterator[tuple[Var, ...]]:
         """Open a perfect loop nest (one loop per iteration variable, same names) around a block."""
         specs = {k: v if isinstance(v, IterSpec) else spatial(v) for k, v in iters.items()}
@@ -281,4 +293,4 @@ class ProgramBuilder:
         return validate(Program(self.name, tuple(self._params), tuple(self._tensors), seq(*self._stack[0])))
 
 
-__all__ = ["ProgramBuilder", "spatial", "reduce", "make_reducer", "IterSpec"]
+__all__ = ["NO_INIT", "ProgramBuilder", "spatial", "reduce", "make_reducer", "IterSpec"]

@@ -10,6 +10,8 @@ implicit conversions.  Comparisons ``<, <=, >, >=`` build expressions; use
 from __future__ import annotations
 
 import math
+
+import numpy as np
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -250,7 +252,8 @@ def const(value: ExprLike, dtype: DType | str | None = None) -> Expr:
     else:
         raise IRError(f"cannot use {value!r} of type {type(value).__name__} as an expression")
     if d.is_float:
-        value = float(value)
+        # keep the value the dtype can hold, so every backend sees the same constant
+        value = float(np.asarray(float(value), dtype=d.numpy).astype(np.float64))
     elif d.is_int:
         if isinstance(value, float) and not value.is_integer():
             raise IRError(f"constant {value!r} is not an integer but dtype {d} was asked for")
@@ -331,6 +334,8 @@ def select(cond: ExprLike, true_value: ExprLike, false_value: ExprLike) -> Expr:
     c = const(cond) if not isinstance(cond, Expr) else cond
     if not c.dtype.is_bool:
         raise IRError(f"select needs a boolean condition, got {c.dtype}: {c}")
+    if not isinstance(true_value, Expr) and not isinstance(false_value, Expr):
+        true_value = const(true_value)
     t, f = _unify(true_value, false_value)
     return Select(c, t, f)
 

@@ -147,7 +147,7 @@ class _Runner:
             return
         st = b.store
         idx = [self.expr(i, ienv, b) for i in st.indices]
-        if b.reducer is not None:
+        if b.reducer is not None and b.init is not None:
             first: Value = np.bool_(True)
             for iv in b.reduce_iters:
                 first = first & (ienv[iv.var.name] == 0)

@@ -114,7 +114,9 @@ def _reducer_args(b: Block, names: dict[str, str]) -> str:
         inferred = reducer_for_op(st.value.op, st.tensor.dtype)
     if r != inferred:
         args.append(f"reducer={_reducer_text(r)}")
-    if b.init != r.identity:
+    if b.init is None:
+        args.append("init=NO_INIT")
+    elif b.init != r.identity:
         args.append(f"init={expr_to_str(b.init, 0, names)}")  # type: ignore[arg-type]
     return "".join(f", {a}" for a in args)
 

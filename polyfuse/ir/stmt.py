@@ -10,6 +10,8 @@ guard is implied, never stored.
 
 A reduction block carries its :class:`Reducer` and an ``init`` value: before the
 first update (all reduce iterations at 0) the output element is set to ``init``.
+A reduction whose ``init`` is None accumulates into the element's current value
+(its init was split off into a block of its own by ``decompose_reduction``).
 """
 
 from __future__ import annotations

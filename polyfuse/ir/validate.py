@@ -90,14 +90,14 @@ def _check_block(b: Block, loop_vars: list[str], params: set[str], check_expr, t
         red = ", ".join(iv.var.name for iv in b.reduce_iters)
         raise IRError(f"{where} has reduce iterations ({red}) but no reducer")
     if b.reducer is not None:
-        if b.init is None:
-            raise IRError(f"{where} is a reduction without an init value")
         if b.reducer.dtype != st.tensor.dtype:
             raise IRError(f"{where}: reducer {b.reducer.name} is over {b.reducer.dtype}, "
                           f"the output {st.tensor.name!r} is {st.tensor.dtype}")
-        if b.init.dtype != st.tensor.dtype:
-            raise IRError(f"{where}: init has dtype {b.init.dtype}, the output {st.tensor.name!r} is {st.tensor.dtype}")
-        check_expr(b.init, f"{where}, init", {iv.var.name for iv in b.spatial_iters} | params)
+        if b.init is not None:  # None: the reduction accumulates into the tensor's current value
+            if b.init.dtype != st.tensor.dtype:
+                raise IRError(f"{where}: init has dtype {b.init.dtype}, "
+                              f"the output {st.tensor.name!r} is {st.tensor.dtype}")
+            check_expr(b.init, f"{where}, init", {iv.var.name for iv in b.spatial_iters} | params)
     elif b.init is not None:
         raise IRError(f"{where} has an init value but is not a reduction")
 

@@ -8,11 +8,13 @@ modules register themselves on import (see ``_MODULES``).
 from __future__ import annotations
 
 import importlib
+import sys
 
 from polyfuse.ops.base import Comparison, Operator, compare
 
 _MODULES = ("softmax", "attention", "norms", "cascades")
 _REGISTRY: dict[str, Operator] = {}
+_MODULE_OF: dict[str, str] = {}
 _loaded = False
 
 
@@ -21,6 +23,7 @@ def register(op: Operator) -> Operator:
     if op.name in _REGISTRY:
         raise ValueError(f"operator {op.name!r} registered twice")
     _REGISTRY[op.name] = op
+    _MODULE_OF[op.name] = sys._getframe(1).f_globals.get("__name__", "")
     return op
 
 
@@ -37,9 +40,11 @@ def _load() -> None:
 
 
 def names() -> list[str]:
-    """Operator names in catalog order."""
+    """Operator names in catalog order: by module (``_MODULES``), then registration order."""
     _load()
-    return list(_REGISTRY)
+    position = {f"polyfuse.ops.{m}": k for k, m in enumerate(_MODULES)}
+    order = {name: k for k, name in enumerate(_REGISTRY)}
+    return sorted(_REGISTRY, key=lambda n: (position.get(_MODULE_OF[n], len(position)), order[n]))
 
 
 def get(name: str) -> Operator:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -109,7 +109,8 @@ def compare(results: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarra
         err = np.abs(out[finite] - ref[finite])
         if err.size:
             bound = atol + rtol * np.abs(ref[finite])
-            rel = err / np.maximum(np.abs(ref[finite]), atol)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                rel = np.where(err == 0, 0.0, err / np.maximum(np.abs(ref[finite]), atol))
             a, r = float(np.nanmax(err)), float(np.nanmax(rel))
             if a > max_abs:
                 max_abs, worst = a, worst or name

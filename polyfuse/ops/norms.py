@@ -1,0 +1,301 @@
+"""Normalisation and statistics (OPERATORS.md §C) as plain, unfused programs.
+
+One loop nest per step of the math; sizes are Python ints when a program is built.
+Tolerances follow the f32 error model of :mod:`polyfuse.ops.softmax` (``U32 = 2^-24``
+per rounding, sequential sums add ``(n - 1)·U32·Σ|terms|``).  Where an output cancels
+(mixed signs, a subtracted mean) the absolute part of a tolerance bounds ``Σ|terms|``
+from how ``make_inputs`` draws values, for every magnitude the operator is tested at:
+``tolerance`` does not see the magnitude.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from polyfuse.ir import ProgramBuilder, maximum, reduce, sqrt
+from polyfuse.ir.expr import Expr
+from polyfuse.ir.stmt import Program, Tensor
+from polyfuse.ops import register
+from polyfuse.ops.base import Arrays, Operator, Sizes
+from polyfuse.ops.softmax import TINY32, U32
+
+SPREAD = math.sqrt(3.0)
+"""Half-width of the unit-variance uniform noise U(-SPREAD, SPREAD) used where bounds must be hard."""
+
+_ROWS = {"default": {"N": 8, "M": 40}}
+_ROWS_PRESET = {"default": {"N": 4096, "M": 8192}}
+
+
+def _normal_rows(rng: np.random.Generator, sizes: Sizes, magnitude: float) -> np.ndarray:
+    return (rng.standard_normal((sizes["N"], sizes["M"])) * magnitude).astype(np.float32)
+
+
+# ------------------------------------------------------------------ l2norm_stable
+
+def build_l2norm_stable(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("l2norm_stable")
+    N, M = sizes["N"], sizes["M"]
+    x = p.input("x", (N, M), "f32")
+    amax = p.temp("amax", (N,), "f32")
+    ssq = p.temp("ssq", (N,), "f32")
+    out = p.output("out", (N,), "f32")
+    with p.nest("s_amax", i=N, j=reduce(M)) as (i, j):
+        amax[i] = maximum(amax[i], abs(x[i, j]))
+    with p.nest("s_ssq", i=N, j=reduce(M)) as (i, j):
+        ssq[i] = ssq[i] + (x[i, j] / amax[i]) * (x[i, j] / amax[i])
+    with p.nest("s_out", i=N) as (i,):
+        out[i] = amax[i] * sqrt(ssq[i])
+    return p.build()
+
+
+def make_l2norm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """Standard normal rows times ``magnitude`` (1e25: x² overflows f32; 1e-30: it underflows)."""
+    return {"x": _normal_rows(rng, sizes, magnitude)}
+
+
+def ref_l2norm_stable(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    return {"out": np.sqrt(np.sum(inputs["x"].astype(np.float64) ** 2, axis=1))}
+
+
+def tol_l2norm_stable(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    # (x/m)²: 3 roundings; the sum of M positive terms: M - 1; sqrt halves that and adds 1; m·: 1.
+    return {"out": (TINY32, ((sizes["M"] + 2) / 2 + 2) * U32)}
+
+
+register(Operator(
+    name="l2norm_stable",
+    description="row L2 norm without overflow: m = max_j |x|, s = Σ_j (x/m)², out = m·sqrt(s)",
+    build=build_l2norm_stable, make_inputs=make_l2norm_inputs, reference=ref_l2norm_stable,
+    tolerance=tol_l2norm_stable,
+    tolerance_note="f32, U32 = 2^-24 per rounding; max|x| is exact. Each (x/m)² carries 3 roundings and the "
+                   "sum of M positive terms M - 1 more, so rel(s) <= (M + 2)·U32; sqrt halves it and adds U32, "
+                   "m·sqrt(s) adds U32: rtol = ((M + 2)/2 + 2)·U32. All values are positive, so no cancellation; "
+                   "atol = smallest normal f32.",
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30),
+))
+
+
+# ------------------------------------------------------------------ rmsnorm_amax
+
+RMS_EPS = 1e-6
+
+
+def build_rmsnorm_amax(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("rmsnorm_amax")
+    N, M = sizes["N"], sizes["M"]
+    x = p.input("x", (N, M), "f32")
+    ssq = p.temp("ssq", (N,), "f32")
+    y = p.output("y", (N, M), "f32")
+    amax = p.output("amax", (N,), "f32")
+    with p.nest("s_ssq", i=N, j=reduce(M)) as (i, j):
+        ssq[i] = ssq[i] + x[i, j] * x[i, j]
+    with p.nest("s_norm", i=N, j=M) as (i, j):
+        y[i, j] = x[i, j] / sqrt(ssq[i] / M + RMS_EPS)
+    with p.nest("s_amax", i=N, j=reduce(M)) as (i, j):
+        amax[i] = maximum(amax[i], y[i, j])
+    return p.build()
+
+
+def make_rmsnorm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """Standard normal rows times ``magnitude`` (1e-3: eps dominates s/M; 1e15: x² ~ 1e30)."""
+    return {"x": _normal_rows(rng, sizes, magnitude)}
+
+
+def ref_rmsnorm_amax(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    x = inputs["x"].astype(np.float64)
+    y = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + RMS_EPS)
+    return {"y": y, "amax": y.max(axis=1)}
+
+
+def tol_rmsnorm_amax(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    # s: M roundings; /M, + eps (and eps's own f32 rounding): 2 more; sqrt halves and adds 1; x/: 1.
+    rtol = ((sizes["M"] + 3) / 2 + 2) * U32
+    return {"y": (TINY32, rtol), "amax": (TINY32, rtol)}
+
+
+register(Operator(
+    name="rmsnorm_amax",
+    description="RMSNorm and its row max: s = Σ_j x², y = x / sqrt(s/M + eps), amax = max_j y (eps = 1e-6)",
+    build=build_rmsnorm_amax, make_inputs=make_rmsnorm_inputs, reference=ref_rmsnorm_amax,
+    tolerance=tol_rmsnorm_amax,
+    tolerance_note="f32, U32 = 2^-24 per rounding. s = Σ x² (positive terms): rel <= M·U32; s/M + eps adds 2 "
+                   "roundings and eps's f32 rounding at most one more; sqrt halves and adds U32; the division U32: "
+                   "rtol = ((M + 3)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
+                   "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
+                   "for |x| >~ 1e18, so magnitudes stop at 1e15.",
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15),
+))
+
+
+# ------------------------------------------------------------------ sum_sum
+
+SUM_SUM_THRESHOLD = 10.0
+
+
+def build_sum_sum(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("sum_sum")
+    N, M = sizes["N"], sizes["M"]
+    x1 = p.input("x1", (N, M), "f32")
+    x2 = p.input("x2", (N, M), "f32")
+    m = p.temp("m", (N,), "f32")
+    s = p.output("s", (N,), "f32")
+    with p.nest("s_sumsq", i=N, j=reduce(M)) as (i, j):
+        m[i] = m[i] + x1[i, j] * x1[i, j]
+    with p.nest("s_scaled_dot", i=N, j=reduce(M)) as (i, j):
+        s[i] = s[i] + x1[i, j] * x2[i, j] / sqrt(maximum(m[i] - SUM_SUM_THRESHOLD, 1.0))
+    return p.build()
+
+
+def make_sum_sum_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """x1 standard normal times ``magnitude`` (0.25 puts Σx1² under the threshold 10), x2 ~ U(-1, 1)."""
+    shape = (sizes["N"], sizes["M"])
+    x1 = rng.standard_normal(shape) * magnitude
+    return {"x1": x1.astype(np.float32), "x2": rng.uniform(-1.0, 1.0, shape).astype(np.float32)}
+
+
+def ref_sum_sum(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    x1, x2 = inputs["x1"].astype(np.float64), inputs["x2"].astype(np.float64)
+    m = np.sum(x1 * x1, axis=1)
+    return {"s": np.sum(x1 * x2, axis=1) / np.sqrt(np.maximum(m - SUM_SUM_THRESHOLD, 1.0))}
+
+
+def tol_sum_sum(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    M = sizes["M"]
+    # Each term is off by (5.5·M + 3.5)·U32 relatively, the sum adds M - 1; Σ|terms| <= sqrt(11·M).
+    return {"s": ((6.5 * M + 2.5) * U32 * math.sqrt(11 * M), 0.0)}
+
+
+register(Operator(
+    name="sum_sum",
+    description="RedFuser A.2.3: m = Σ_j x1², s = Σ_j x1·x2 / sqrt(max(m - 10, 1))",
+    build=build_sum_sum, make_inputs=make_sum_sum_inputs, reference=ref_sum_sum, tolerance=tol_sum_sum,
+    tolerance_note="f32, U32 = 2^-24 per rounding. m = Σ x1² has rel error <= M·U32; max(m - 10, 1) amplifies "
+                   "it by at most m/max(m - 10, 1) <= 11, so rel <= (11M + 1)·U32, sqrt halves it; with the "
+                   "product and the division each term of s is off by <= (5.5M + 3.5)·U32 and the sum of M "
+                   "mixed-sign terms adds (M - 1)·U32·Σ|terms|. By Cauchy-Schwarz Σ|x1·x2|/sqrt(max(m-10, 1)) "
+                   "<= sqrt(11)·|x2|_2 <= sqrt(11·M) (|x2| <= 1, any x1 magnitude): atol = (6.5M + 2.5)·U32·"
+                   "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18.",
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15),
+))
+
+
+# ------------------------------------------------------------------ variance
+
+VARIANCE_OFFSETS = (1.0, 1e4)
+"""Magnitudes of ``variance`` are a common offset of the data (spread 1): at 1e4 the one-pass
+E[x²] - E[x]² cancels catastrophically in f32, the two-pass program stays accurate."""
+
+
+def build_variance(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("variance")
+    B, L = sizes["B"], sizes["L"]
+    x = p.input("x", (B, L), "f32")
+    mean = p.temp("mean", (B,), "f32")
+    var = p.output("var", (B,), "f32")
+    with p.nest("s_mean", b=B, j=reduce(L)) as (b, j):
+        mean[b] = mean[b] + x[b, j] / L
+    with p.nest("s_var", b=B, j=reduce(L)) as (b, j):
+        var[b] = var[b] + (x[b, j] - mean[b]) * (x[b, j] - mean[b]) / L
+    return p.build()
+
+
+def make_variance_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """``magnitude`` + U(-sqrt 3, sqrt 3): a common offset with unit variance."""
+    x = magnitude + rng.uniform(-SPREAD, SPREAD, (sizes["B"], sizes["L"]))
+    return {"x": x.astype(np.float32)}
+
+
+def ref_variance(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    return {"var": np.var(inputs["x"].astype(np.float64), axis=1)}
+
+
+def _mean_error(n: int, offsets: tuple[float, ...]) -> float:
+    """Bound on the f32 error of a mean of n values below max(offsets) + SPREAD (n roundings)."""
+    return n * U32 * (max(offsets) + SPREAD)
+
+
+def tol_variance(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    L = sizes["L"]
+    # var computed = (1 + (L + 3)·U32·θ)·(var + δ²) for a mean off by δ.
+    return {"var": (2 * _mean_error(L, VARIANCE_OFFSETS) ** 2, (L + 3) * U32)}
+
+
+register(Operator(
+    name="variance",
+    description="two-pass row variance of x[B, L]: mean = Σ_l x / L, var = Σ_l (x - mean)² / L",
+    build=build_variance, make_inputs=make_variance_inputs, reference=ref_variance, tolerance=tol_variance,
+    tolerance_note="f32, U32 = 2^-24 per rounding. The mean is off by δ <= L·U32·max|x| (x/L and the sum); "
+                   "Σ(x - mean)²/L then equals (var + δ²) up to 4 roundings per term and L - 1 for the sum of "
+                   "positive terms: rtol = (L + 3)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
+                   "(tolerance does not see the magnitude, so it covers the largest).",
+    defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}},
+    magnitudes=VARIANCE_OFFSETS,
+))
+
+
+# ------------------------------------------------------------------ inertia
+
+INERTIA_OFFSETS = (1.0, 1e3)
+"""Magnitudes of ``inertia`` are a common offset of the positions (spread 1): at 1e3 the one-pass
+Σ w·|x|² - M·|c|² (~1e8, f32 ulp 8) already loses I (~1e2); the two-pass program stays accurate."""
+
+
+def build_inertia(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("inertia")
+    B, N = sizes["B"], sizes["N"]
+    w = p.input("w", (B, N), "f32")
+    x = p.input("x", (B, N, 3), "f32")
+    mass = p.temp("mass", (B,), "f32")
+    center = p.temp("center", (B, 3), "f32")
+    inertia = p.output("inertia", (B,), "f32")
+    with p.nest("s_mass", b=B, n=reduce(N)) as (b, n):
+        mass[b] = mass[b] + w[b, n]
+    with p.nest("s_center", b=B, c=3, n=reduce(N)) as (b, c, n):
+        center[b, c] = center[b, c] + w[b, n] * x[b, n, c] / mass[b]
+    with p.nest("s_inertia", b=B, n=reduce(N)) as (b, n):
+        inertia[b] = inertia[b] + w[b, n] * _squared_distance(x, center, b, n)
+    return p.build()
+
+
+def _squared_distance(x: Tensor, center: Tensor, b: Expr, n: Expr) -> Expr:
+    """|x[b, n, :] - center[b, :]|² written out over the three coordinates."""
+    d = [x[b, n, c] - center[b, c] for c in range(3)]
+    return d[0] * d[0] + d[1] * d[1] + d[2] * d[2]
+
+
+def make_inertia_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """Masses U(0.5, 1.5); positions ``magnitude`` + U(-sqrt 3, sqrt 3) per coordinate."""
+    B, N = sizes["B"], sizes["N"]
+    w = rng.uniform(0.5, 1.5, (B, N))
+    x = magnitude + rng.uniform(-SPREAD, SPREAD, (B, N, 3))
+    return {"w": w.astype(np.float32), "x": x.astype(np.float32)}
+
+
+def ref_inertia(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    w, x = inputs["w"].astype(np.float64), inputs["x"].astype(np.float64)
+    c = np.einsum("bn,bnc->bc", w, x) / w.sum(axis=1)[:, None]
+    return {"inertia": np.einsum("bn,bnc->b", w, (x - c[:, None, :]) ** 2)}
+
+
+def tol_inertia(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    N = sizes["N"]
+    # Each centre coordinate is off by <= 2N·U32·max|x|; I gains M·|δc|² <= 1.5N·3·(2N·U32·max|x|)².
+    shift = 1.5 * N * 3 * (2 * _mean_error(N, INERTIA_OFFSETS)) ** 2
+    return {"inertia": (2 * shift, (N + 5) * U32)}
+
+
+register(Operator(
+    name="inertia",
+    description="RedFuser A.6 moment of inertia: M = Σ_n w, c = Σ_n w·x / M, I = Σ_n w·|x - c|² (x[B, N, 3])",
+    build=build_inertia, make_inputs=make_inertia_inputs, reference=ref_inertia, tolerance=tol_inertia,
+    tolerance_note="f32, U32 = 2^-24 per rounding. M = Σw (positive): rel (N - 1)·U32; each centre coordinate "
+                   "Σ w·x/M is off by δ <= 2N·U32·max|x|; Σ w·|x - c_computed|² = I + M·|δc|² exactly (weighted "
+                   "parallel axes), computed with 6 roundings per term (a rounded difference counts twice once "
+                   "squared, the square, 2 additions, w·) and N - 1 for the positive sum: rtol = (N + 5)·U32, "
+                   "atol = 2·M·|δc|² <= 2·1.5N·3·(2N·U32·max|x|)² with max|x| = max offset (1e3) + sqrt 3 "
+                   "(tolerance does not see the magnitude, so it covers the largest).",
+    defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
+    magnitudes=INERTIA_OFFSETS,
+))
