@@ -1,0 +1,141 @@
+"""Access relations of blocks, tagged per reference.
+
+Every load occurrence and the store of a block get their own *reference tag*, so
+a dependence says not only which block instances depend on each other but
+through which access: ``[s_exp[i, j] -> s_exp__r1[]] -> xmax[i]``.  Tags are
+stable and readable: ``B__w`` is the store of block ``B``, ``B__r0, B__r1, …``
+its loads in pre-order of the stored value, ``B__init0, …`` the loads of a
+reduction's init expression.
+
+Reductions (a choice of this module, documented because dependences depend on
+it): the init of ``X[idx]`` is *not* a separate statement.  The instance whose
+reduce iterations are all 0 sets ``X[idx]`` to ``init`` and applies the update
+to that value, so it reads the init's loads and does not read ``X[idx]`` from
+memory; every other instance reads ``X[idx]`` (the *accumulator* read) and does
+not evaluate the init.  Every load of ``X[idx]`` at exactly the store's indices
+inside the update is an accumulator read; loads of ``X`` at other indices are
+plain reads.  Within one instance all reads happen before the write.  A reduction
+without init (after ``decompose_reduction``) reads its accumulator in every
+instance, the first included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import islpy as isl
+
+from polyfuse.deps.domains import first_reduce_instances, param_names
+from polyfuse.deps.islconv import aff_text, build_map, dim_env
+from polyfuse.ir.expr import Expr, Load
+from polyfuse.ir.stmt import Block, Program, Tensor
+from polyfuse.ir.visit import loads
+
+READ = "read"
+WRITE = "write"
+
+STORE = "store"
+LOAD = "load"
+ACCUMULATOR = "accumulator"
+INIT = "init"
+
+
+@dataclass(frozen=True)
+class Access:
+    """One tagged reference: block, tensor, read or write, and where it happens.
+
+    ``relation`` maps block instances to the tensor elements they access,
+    restricted to the instances where the access actually happens (an
+    accumulator read is absent from the first reduce iteration, an init load
+    present only there).
+    """
+
+    tag: str
+    block: str
+    tensor: str
+    kind: str
+    role: str
+    text: str
+    relation: isl.Map = field(compare=False)
+
+    @property
+    def is_read(self) -> bool:
+        return self.kind == READ
+
+    @property
+    def tagged_domain(self) -> isl.Set:
+        """``{ [B[iters] -> tag[]] }`` over the instances where the access happens."""
+        tag = isl.Set("{ _t[] }").set_tuple_name(self.tag)
+        return isl.Map.from_domain_and_range(self.relation.domain(), tag).wrap()
+
+    @property
+    def untag(self) -> isl.Map:
+        """``{ [B[iters] -> tag[]] -> B[iters] }``: drops the reference tag."""
+        return self.tagged_domain.unwrap().domain_map()
+
+    @property
+    def tagged(self) -> isl.Map:
+        """``{ [B[iters] -> tag[]] -> X[indices] }``."""
+        return self.untag.apply_range(self.relation)
+
+    def __str__(self) -> str:
+        return f"{self.tag}: {self.kind} {self.text} ({self.role})"
+
+
+def _relation(block: Block, tensor: Tensor, indices: tuple[Expr, ...], params: tuple[str, ...],
+              domain: isl.Set) -> isl.Map:
+    names = [iv.var.name for iv in block.iters]
+    env = dim_env(names, params)
+    idx = [aff_text(e, env, what=f"block {block.name!r}: index {d} of tensor {tensor.name!r}")
+           for d, e in enumerate(indices)]
+    rel = build_map(params, names, idx, [], in_name=block.name, out_name=tensor.name)
+    return rel.intersect_domain(domain)
+
+
+def _text(tensor: Tensor, indices: tuple[Expr, ...]) -> str:
+    return f"{tensor.name}[{', '.join(str(i) for i in indices)}]"
+
+
+def block_accesses(block: Block, domain: isl.Set, params: tuple[str, ...]) -> list[Access]:
+    """The tagged accesses of one block: its loads (pre-order), init loads, then its store."""
+    st = block.store
+    acc_load = Load(st.tensor, st.indices)
+    first = first_reduce_instances(block, domain) if block.is_reduction and block.init is not None else None
+    later = domain.subtract(first) if first is not None else domain
+    out: list[Access] = []
+    for k, ld in enumerate(loads(st.value)):
+        is_acc = block.is_reduction and ld == acc_load
+        where = later if is_acc else domain
+        out.append(Access(f"{block.name}__r{k}", block.name, ld.tensor.name, READ,
+                          ACCUMULATOR if is_acc else LOAD, _text(ld.tensor, ld.indices),
+                          _relation(block, ld.tensor, ld.indices, params, where)))
+    if block.init is not None and first is not None:
+        for k, ld in enumerate(loads(block.init)):
+            out.append(Access(f"{block.name}__init{k}", block.name, ld.tensor.name, READ, INIT,
+                              _text(ld.tensor, ld.indices),
+                              _relation(block, ld.tensor, ld.indices, params, first)))
+    out.append(Access(f"{block.name}__w", block.name, st.tensor.name, WRITE, STORE,
+                      _text(st.tensor, st.indices), _relation(block, st.tensor, st.indices, params, domain)))
+    return out
+
+
+def accesses(program: Program, domains: Mapping[str, isl.Set]) -> tuple[Access, ...]:
+    """Every tagged access of the program, block by block in program order."""
+    params = param_names(program)
+    out: list[Access] = []
+    for b in program.blocks():
+        out.extend(block_accesses(b, domains[b.name], params))
+    return tuple(out)
+
+
+def tagged_union(items: list[Access]) -> isl.UnionMap:
+    """The union of the tagged relations of ``items`` (empty union if none)."""
+    out = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
+    for a in items:
+        out = out.union(isl.UnionMap.from_map(a.tagged))
+    return out
+
+
+__all__ = ["ACCUMULATOR", "INIT", "LOAD", "READ", "STORE", "WRITE", "Access", "accesses", "block_accesses",
+           "tagged_union"]
