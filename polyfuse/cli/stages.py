@@ -9,11 +9,12 @@ yet (exit 4); later pipeline stages become available by adding their entry here.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
 
 from polyfuse import ops
-from polyfuse.errors import BackendUnavailable, PolyfuseError
+from polyfuse.errors import PolyfuseError
+from polyfuse.ir import interpret
 from polyfuse.ir.stmt import Program
 from polyfuse.ops.base import Arrays, Comparison, Operator, Sizes
 
@@ -52,10 +53,6 @@ def _plain_source(subject: Subject) -> str:
 
 
 def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
-    try:
-        from polyfuse.ir import interpret
-    except ImportError:
-        raise BackendUnavailable("backend interp is not available: polyfuse.ir has no interpreter yet") from None
     program = subject.program()
     sizes = {p.name: subject.sizes[p.name] for p in program.params if p.name in subject.sizes}
     return interpret(program, inputs, sizes)

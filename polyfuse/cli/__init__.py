@@ -1,0 +1,119 @@
+"""The ``polyfuse`` command (contract: CLI.md).
+
+Exit status: 0 success, 1 a check failed, 2 usage error, 3 a :class:`PolyfuseError` (the
+message on stderr, the traceback only with ``--debug``), 4 a stage or backend that is not
+available in this version or on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from collections.abc import Sequence
+
+from polyfuse import __version__
+from polyfuse.cli import commands, demo
+from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
+from polyfuse.errors import BackendUnavailable, PolyfuseError
+
+EXIT_REFUSED, EXIT_UNAVAILABLE = 3, 4
+
+
+def size_assignment(text: str) -> tuple[str, int]:
+    """``--set NAME=VALUE`` with an integer VALUE."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE with an integer VALUE (e.g. S=2048), got {text!r}")
+    try:
+        return name, int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"size {name} must be an integer, got {value.strip()!r}") from None
+
+
+def _debug_option() -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False)
+    parent.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="print tracebacks of errors")
+    return parent
+
+
+def _operator_options(debug: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parent = argparse.ArgumentParser(add_help=False, parents=[debug])
+    parent.add_argument("--set", action="append", type=size_assignment, default=[], metavar="NAME=VALUE",
+                        help="override one of the operator's sizes (repeatable), e.g. --set S=2048")
+    parent.add_argument("--mode", metavar="MODE",
+                        help="prefill or decode for attention operators (default: the operator's first mode)")
+    parent.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    return parent
+
+
+def _magnitude(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--magnitude", type=float, default=1.0,
+                        help="scale of the random inputs, e.g. 1e4 where an unstable formula overflows "
+                             "(an operator's `magnitudes` lists the interesting ones; default 1)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="polyfuse", description="A polyhedral compiler for fused GPU kernels.")
+    parser.add_argument("--version", action="version", version=f"polyfuse {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    debug = _debug_option()
+    common = _operator_options(debug)
+
+    p = sub.add_parser("catalog", help="list the operators", parents=[debug])
+    p.set_defaults(run=commands.catalog)
+
+    p = sub.add_parser("show", help="print an operator at a stage", parents=[common])
+    p.add_argument("op", help="operator name (see `polyfuse catalog`)")
+    p.add_argument("--stage", choices=STAGE_NAMES, default="plain", help="default: plain")
+    p.set_defaults(run=commands.show)
+
+    p = sub.add_parser("explain", help="schedule steps, repairs and broken dependences", parents=[common])
+    p.add_argument("op", help="operator name")
+    p.set_defaults(run=commands.explain)
+
+    p = sub.add_parser("check", help="run an operator on a backend and compare with NumPy", parents=[common])
+    p.add_argument("op", help="operator name")
+    p.add_argument("--backend", choices=BACKEND_NAMES, default="interp", help="default: interp")
+    _magnitude(p)
+    p.set_defaults(run=commands.check)
+
+    p = sub.add_parser("dump", help="print the stages of your own program", parents=[common])
+    p.add_argument("source", metavar="FILE.py[:FUNC]", help="FUNC (default main) returns a program or a schedule")
+    p.add_argument("--target", choices=("cpp", "cuda", "hip"), default="cuda")
+    p.add_argument("--stage", choices=STAGE_NAMES)
+    p.set_defaults(run=commands.dump)
+
+    p = sub.add_parser("demo", help="plain attention to a checked fused kernel", parents=[common])
+    p.add_argument("--op", help="operator to demonstrate (default attn_global, else softmax)")
+    _magnitude(p)
+    p.set_defaults(run=demo.demo)
+
+    p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[common])
+    p.add_argument("op", help="operator name")
+    p.set_defaults(run=commands.bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line ``argv`` (default ``sys.argv[1:]``) and return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as stop:  # --help, --version, or a usage error (2)
+        return stop.code if isinstance(stop.code, int) else 2
+    try:
+        return args.run(args)
+    except PolyfuseError as err:
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(err, (NotAvailable, BackendUnavailable)):
+            print(f"polyfuse: {err}", file=sys.stderr)
+            return EXIT_UNAVAILABLE
+        print(f"polyfuse: error: {err}", file=sys.stderr)
+        return EXIT_REFUSED
+
+
+__all__ = ["build_parser", "main"]

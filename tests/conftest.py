@@ -1,0 +1,25 @@
+"""Test set-up shared by every test module.
+
+Markers (registered in pyproject.toml): ``gpu`` tests are skipped when no CUDA GPU is
+visible, ``nvcc`` tests when ``nvcc`` is not on PATH; ``slow`` only labels.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from polyfuse.cli.devices import cuda_gpu_count, nvcc_path
+
+# marker -> (is the machine able to run it?, why it is skipped otherwise)
+REQUIREMENTS = {
+    "gpu": (lambda: cuda_gpu_count() > 0, "needs a CUDA GPU; none is visible (nvidia-smi -L, cuda-python)"),
+    "nvcc": (lambda: nvcc_path() is not None, "needs nvcc on PATH"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for marker, (available, reason) in REQUIREMENTS.items():
+        marked = [item for item in items if item.get_closest_marker(marker)]
+        if marked and not available():
+            for item in marked:
+                item.add_marker(pytest.mark.skip(reason=reason))
