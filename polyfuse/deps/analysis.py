@@ -17,6 +17,8 @@ instance under every schedule).  See :mod:`polyfuse.deps.dependence` for the
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -173,8 +175,14 @@ class _Classifier:
         return [d for d in (dep(final, temporal=True), dep(rest)) if not d.relation.is_empty()]
 
 
+@functools.lru_cache(maxsize=32)
 def analyze(program: Program) -> Dependences:
-    """Domains, tagged accesses, schedule and all direct dependences of ``program``."""
+    """Domains, tagged accesses, schedule and all direct dependences of ``program``.
+
+    Cached per program (programs are immutable and hash structurally): a schedule
+    step checks legality against the program it started from, which the previous
+    step has usually analysed already.
+    """
     doms = iteration_domains(program)
     accs = accesses(program, doms)
     sched = instance_schedule(program, doms)

@@ -8,6 +8,8 @@ Preconditions (checked first):
   3. a bound loop gets one of the thread tags ``blockIdx.x`` … ``threadIdx.z``.
 
 ``unrolled`` only changes how code is emitted, never the order, so it is always legal.
+No kind changes the sequential order the program means, so precondition 2 is the
+whole legality check.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Var
 from polyfuse.ir.stmt import BOUND, PARALLEL, THREAD_TAGS, UNROLLED, VECTORIZED, Program
 from polyfuse.transforms.tree import find_loop, rebind, replace_node
-from polyfuse.transforms.verify import verify
+from polyfuse.ir.validate import validate
 
 
 def _require_no_carried_dependence(program: Program, block: str, loop: str, what: str) -> None:
@@ -41,7 +43,7 @@ def annotate(program: Program, *, block: str, loop: str, kind: str,
     if kind != UNROLLED:
         _require_no_carried_dependence(program, block, loop, what)
     new = lp.replace(kind=kind, thread=None, annotations=lp.annotations + tuple(annotations))
-    return verify(program, program.replace(body=replace_node(program.body, lp, new)), what=what)
+    return validate(program.replace(body=replace_node(program.body, lp, new)))
 
 
 def bind(program: Program, *, block: str, loop: str, thread: str) -> Program:
@@ -52,4 +54,4 @@ def bind(program: Program, *, block: str, loop: str, thread: str) -> Program:
     lp = find_loop(program, block, loop)
     _require_no_carried_dependence(program, block, loop, what)
     new = lp.replace(kind=BOUND, thread=thread)
-    return verify(program, program.replace(body=replace_node(program.body, lp, new)), what=what)
+    return validate(program.replace(body=replace_node(program.body, lp, new)))

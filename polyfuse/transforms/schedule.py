@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.stmt import PARALLEL, UNROLLED, VECTORIZED, Program
@@ -152,7 +152,7 @@ class Schedule:
         steps = Trace.from_json(trace).steps if isinstance(trace, str) else trace.steps
         for step in steps:
             method = getattr(self, step.primitive, None)
-            if method is None or step.primitive.startswith("_") or step.primitive not in _PRIMITIVES:
+            if not _is_primitive(step.primitive):
                 raise IllegalTransform(f"a trace step names an unknown primitive {step.primitive!r}")
             method(**dict(step.args))
         return self
@@ -232,9 +232,86 @@ class Schedule:
 
     # ------------------------------------------------------------ placement primitives
     # (compute_at, reverse_compute_at, compute_inline, reverse_compute_inline, cache_read, cache_write, set_scope)
+    def compute_at(self, block: str, loop: LoopRef) -> None:
+        """Move producer ``block`` under ``loop``, cut to the region one iteration reads (before its first reader)."""
+        from polyfuse.transforms.compute_at import compute_at
+
+        self._apply("compute_at", {"block": block, "loop": loop},
+                    lambda p: compute_at(p, block=block, loop_block=loop.block, loop=loop.name))
+
+    def reverse_compute_at(self, block: str, loop: LoopRef) -> None:
+        """Move consumer ``block`` under ``loop``, cut to what one iteration produces (after its last producer)."""
+        from polyfuse.transforms.compute_at import reverse_compute_at
+
+        self._apply("reverse_compute_at", {"block": block, "loop": loop},
+                    lambda p: reverse_compute_at(p, block=block, loop_block=loop.block, loop=loop.name))
+
+    def compute_inline(self, block: str) -> None:
+        """Substitute spatial ``block`` into the blocks that read its result, and remove it."""
+        from polyfuse.transforms.inline import compute_inline
+
+        self._apply("compute_inline", {"block": block}, lambda p: compute_inline(p, block=block))
+
+    def reverse_compute_inline(self, block: str) -> None:
+        """Merge spatial consumer ``block`` into the store of its (spatial) producer."""
+        from polyfuse.transforms.inline import reverse_compute_inline
+
+        self._apply("reverse_compute_inline", {"block": block}, lambda p: reverse_compute_inline(p, block=block))
+
+    def cache_read(self, block: str, tensor: str | int, scope: str) -> str:
+        """Stage ``tensor`` (a name, or its index among what ``block`` reads) in ``scope``; returns the copy block."""
+        from polyfuse.transforms.cache import cache_read
+
+        return self._apply("cache_read", {"block": block, "tensor": tensor, "scope": scope},
+                           lambda p: cache_read(p, block=block, tensor=tensor, scope=scope))
+
+    def cache_write(self, block: str, scope: str) -> str:
+        """Make ``block`` write a ``scope`` buffer copied back afterwards; returns the copy-back block."""
+        from polyfuse.transforms.cache import cache_write
+
+        return self._apply("cache_write", {"block": block, "scope": scope},
+                           lambda p: cache_write(p, block=block, scope=scope))
+
+    def set_scope(self, block: str, scope: str) -> None:
+        """Put the temp tensor ``block`` writes in memory ``scope`` (``global``, ``shared``, ``local``)."""
+        from polyfuse.transforms.cache import set_scope
+
+        self._apply("set_scope", {"block": block, "scope": scope}, lambda p: set_scope(p, block=block, scope=scope))
 
     # ------------------------------------------------------------ reduction primitives
     # (decompose_reduction, rfactor / privatize)
+    def decompose_reduction(self, block: str, loop: LoopRef) -> str:
+        """Move ``block``'s init into a new block right before ``loop``; returns the init block's name."""
+        from polyfuse.transforms.decompose import decompose_reduction
+
+        self._require_encloses(loop, block, "decompose_reduction")
+        return self._apply("decompose_reduction", {"block": block, "loop": loop},
+                           lambda p: decompose_reduction(p, block=block, loop=loop.name))
+
+    def rfactor(self, loop: LoopRef, block: str | None = None, factor_axis: int | None = None) -> str:
+        """Privatize a reduction over ``loop`` (Neptune's privatize); returns the new rf block's name.
+
+        ``block`` defaults to the LoopRef's block; ``factor_axis`` places the new dimension (last by default).
+        """
+        from polyfuse.transforms.rfactor import rfactor
+
+        target = loop.block if block is None else block
+        self._require_encloses(loop, target, "rfactor")
+        args: dict[str, Any] = {"loop": loop}
+        if block is not None:
+            args["block"] = block
+        if factor_axis is not None:
+            args["factor_axis"] = factor_axis
+        return self._apply("rfactor", args,
+                           lambda p: rfactor(p, block=target, loop=loop.name, factor_axis=factor_axis))
+
+    def _require_encloses(self, loop: LoopRef, block: str, primitive: str) -> None:
+        """``loop`` (a handle through any block) must be a loop around ``block``."""
+        from polyfuse.transforms.tree import find_loop
+
+        if loop.block != block and find_loop(self._program, loop.block, loop.name) is not find_loop(
+                self._program, self.get_block(block), loop.name):
+            raise IllegalTransform(f"{primitive}: {loop!r} does not enclose block {block!r}")
 
     # ------------------------------------------------------------ reduction fusion
     # (rolling_update, split_k_update)
@@ -246,10 +323,17 @@ def _one_block(loops: Sequence[LoopRef]) -> str:
     return loops[0].block
 
 
-# Facade methods that a trace may call (convenience aliases record as "annotate").
-_PRIMITIVES = {"split", "reorder", "fuse", "tile", "annotate", "bind"}
+# Public methods of Schedule that are not schedule primitives (everything else records a step).
+_NOT_PRIMITIVES = frozenset({"get_block", "get_loops", "loop", "replay", "exec_python", "program", "original", "trace"})
+
+
+def _is_primitive(name: str) -> bool:
+    return not name.startswith("_") and name not in _NOT_PRIMITIVES and callable(getattr(Schedule, name, None))
 
 
 def register_primitive(name: str) -> None:
-    """Allow trace replay of a facade method added by another module."""
-    _PRIMITIVES.add(name)
+    """Kept until every primitive module stops calling it: replay no longer needs registration."""
+
+
+register_primitive("decompose_reduction")
+register_primitive("rfactor")
