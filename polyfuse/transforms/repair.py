@@ -1,0 +1,511 @@
+"""The repair solver: derive ``h(t, r, r')`` for a consumer ``X = X ⊕f g(r, c)``.
+
+Breaking the temporal dependence of a consumer reduction on its producers
+``r`` (Neptune §4.1–4.2) is only legal with a repair ``h`` that satisfies, for
+all ``r, r', c, x, y``:
+
+* Eq. 3 — ``h(g(r, c), r, r') = g(r', c)``: h swaps an out-of-date ``r`` for ``r'``;
+* Eq. 4 — ``h(x ⊕ y, r, r') = h(x, r, r') ⊕ h(y, r, r')``: h distributes over f,
+  so one application fixes a whole partial reduction.
+
+How h is found:
+
+1. Change of variables (Neptune §4.2): every maximal sub-expression of g that
+   reads no producer (inputs, masks, biases, casts of inputs) becomes one
+   symbol ``c``; constants stay numbers, and with ``reduce_vars`` given, a
+   sub-expression that does not vary along the reduction (a size, ``bias[i]``)
+   stays as itself, so it may appear in h.
+2. With exactly one ``c``: solve ``g0(r, c) = t`` for c and set
+   ``h = g0(r', g0⁻¹(r, t))`` (Eq. 5); several solutions must give one h.
+3. Otherwise, or if that fails: the separable forms ``h = t·g(r',c)/g(r,c)``
+   and ``h = t + (g(r',c) - g(r,c))``, each usable when it does not depend on c
+   (RedFuser §4.2's decomposability with ⊗ = × or +).
+4. Each candidate must be *proven*: Eq. 3 by sympy simplification and on random
+   points in float64; Eq. 4 symbolically — linear and homogeneous in t for +,
+   multiplicative for ×, ``a·t + b`` with ``a >= 0`` provable for max/min.
+
+Nothing unproven is returned: the first candidate that passes is the repair,
+and if none does, :class:`~polyfuse.errors.NoRepairFound` lists every route and
+the condition that failed.  Refused up front, because no h(t, r, r') can undo
+them: a value mixing producers and c that is rounded to a narrower float
+(``round_fp8e4m3`` …, see :mod:`polyfuse.symbolic`) or truncated to an integer,
+and a condition comparing producers with c.  ``approximate=True`` treats such
+roundings as exact (the repaired result then differs from the unfused one by
+about the narrow format's rounding error — only on explicit request).  A
+rounding or condition of r alone is fine: h computes it too.  A ``select`` on a
+producer-free condition (a mask applied after subtracting m) splits g into
+branches; h comes from the branch that reads producers and is proven on all.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import sympy
+from sympy.core.function import AppliedUndef
+
+from polyfuse.errors import NoRepairFound, PolyfuseError
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, select
+from polyfuse.ir.stmt import Block, Reducer
+from polyfuse.ir.visit import children, free_vars, walk_expr
+from polyfuse.symbolic import SymbolTable, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
+
+__all__ = ["Repair", "result_sign", "solve_repair"]
+
+_KIND_OF_OP = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
+_OP_OF_KIND = {v: k for k, v in _KIND_OF_OP.items()}
+_COMBINE = {"sum": sympy.Add, "prod": sympy.Mul, "max": sympy.Max, "min": sympy.Min}
+_SAMPLES = 32
+_RTOL, _ATOL = 1e-9, 1e-12
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A proven repair ``h(t, r, r')`` of one consumer reduction.
+
+    ``g`` and ``h`` are sympy expressions; ``symbols`` maps every symbol of ``g``
+    (producers ``r``, abstracted ``c``'s, loop-invariant leaves) to its IR
+    expression; ``old[k]``/``new[k]`` are ``r_k``/``r_k'`` for ``producers[k]``.
+    """
+
+    reducer: str
+    g: sympy.Expr
+    h: sympy.Expr
+    t: sympy.Symbol
+    producers: tuple[Load, ...]
+    old: tuple[sympy.Symbol, ...]
+    new: tuple[sympy.Symbol, ...]
+    abstracted: tuple[sympy.Symbol, ...]
+    symbols: tuple[tuple[sympy.Symbol, Expr], ...]
+    cases: str
+    dtype: DType
+
+    @property
+    def mapping(self) -> dict[sympy.Symbol, Expr]:
+        return dict(self.symbols)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when h is ``t``: the consumer does not actually depend on its producers."""
+        return self.h == self.t
+
+    def apply(self, t: Expr, old: Mapping[Load, Expr], new: Mapping[Load, Expr], *, guard: bool = True) -> Expr:
+        """IR for ``h(t, r_old, r_new)``, in the reducer's dtype (f32 for non-float reducers).
+
+        With ``guard`` the result is ``select(r_old == r_new, t, h)``.  That is exact —
+        Eq. 3 makes h the identity when no producer changed — and it keeps IEEE
+        arithmetic out of ``exp(-inf - -inf) = NaN`` while a mask still hides every
+        element seen so far (sliding-window or causal tiles), where the unfused
+        program is finite.
+        """
+        mapping: dict[sympy.Symbol, Expr] = {self.t: t}
+        used = self.h.free_symbols
+        unchanged: list[Expr] = []
+        for load, r, r_new in zip(self.producers, self.old, self.new, strict=True):
+            if r not in used and r_new not in used:
+                continue
+            if load not in old or load not in new:
+                raise PolyfuseError(
+                    f"the repair h = {self.h} needs the previous and the current value of producer {load}; "
+                    f"got values for {', '.join(str(k) for k in {*old, *new}) or 'nothing'}"
+                )
+            mapping[r], mapping[r_new] = old[load], new[load]
+            unchanged.append(eq(old[load], new[load]))
+        for sym, leaf in self.symbols:
+            mapping.setdefault(sym, leaf)
+        h = from_sympy(self.h, mapping, self.dtype)
+        if not guard or not unchanged:
+            return h
+        return select(functools.reduce(logical_and, unchanged), cast(self.dtype, t), h)
+
+    def describe(self) -> dict[str, str]:
+        """Readable f, g, h and where they come from (for ``polyfuse explain``)."""
+        leaves = self.mapping
+        producers = "; ".join(f"{r} = {load} ({r_new} after the update)"
+                              for load, r, r_new in zip(self.producers, self.old, self.new, strict=True))
+        cs = "; ".join(f"{c} = {leaves[c]}" for c in self.abstracted)
+        return {
+            "f": f"{self.reducer} ({_OP_OF_KIND[self.reducer]})",
+            "g": str(self.g),
+            "h": str(self.h),
+            "producers": producers,
+            "c": cs or "(none)",
+            "cases": self.cases,
+        }
+
+
+def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
+                 nonnegative: Collection[Expr] = (), positive: Collection[Expr] = (),
+                 reduce_vars: Collection[Var | str] | None = None, approximate: bool = False) -> Repair:
+    """Find and prove the repair of ``X = X ⊕ term`` for the given producer loads.
+
+    ``nonnegative`` / ``positive`` name loads (or variables) known to be >= 0 / > 0
+    (a max of |x|, a sum of squares, a size).  ``reduce_vars`` are the consumer's
+    reduce iteration variables: sub-expressions free of them are loop-invariant and
+    may appear in h; without it every non-constant sub-expression without a
+    producer is treated as varying.  Results (and refusals) are cached, because
+    autotuning asks again and again.
+    """
+    rv = None if reduce_vars is None else frozenset(v.name if isinstance(v, Var) else v for v in reduce_vars)
+    result = _solve_cached(reducer, term, tuple(dict.fromkeys(producers)), frozenset(nonnegative),
+                           frozenset(positive), rv, approximate)
+    if isinstance(result, str):
+        raise NoRepairFound(result)
+    return result
+
+
+@functools.lru_cache(maxsize=1024)
+def _solve_cached(reducer: Reducer, term: Expr, producers: tuple[Load, ...], nonnegative: frozenset[Expr],
+                  positive: frozenset[Expr], reduce_vars: frozenset[str] | None,
+                  approximate: bool) -> Repair | str:
+    try:
+        return _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate).solve()
+    except NoRepairFound as err:
+        return str(err)
+
+
+def result_sign(block: Block) -> str | None:
+    """``"positive"``, ``"nonnegative"`` or None: what is provable about a reduction's result.
+
+    A sum of squares, a max of ``|x|`` or a sum of ``exp`` is a fact the consumer's
+    repair may need (Eq. 4 for max needs a factor >= 0); the caller passes it on as
+    ``positive=`` / ``nonnegative=``.  A max/min that starts from its identity takes
+    the sign of its terms (extents are >= 1); otherwise the initial value counts too.
+    """
+    term = block.reduce_term()
+    if term is None or block.reducer is None or block.init is None:
+        return None
+    try:
+        kind = _reducer_kind(block.reducer)
+        g, _ = to_sympy(term)
+        init, _ = to_sympy(block.init)
+    except PolyfuseError:
+        return None
+    starts_at_identity = kind in ("max", "min") and block.init == block.reducer.identity
+    if g.is_positive and (starts_at_identity or (init.is_nonnegative if kind == "sum" else init.is_positive)):
+        return "positive"
+    if g.is_nonnegative and (starts_at_identity or init.is_nonnegative):
+        return "nonnegative"
+    return None
+
+
+def _reducer_kind(reducer: Reducer) -> str:
+    """sum/prod/max/min from the combiner itself, so a custom reducer that is one of them qualifies."""
+    def strip(e: Expr) -> Expr:
+        return strip(e.value) if isinstance(e, Cast) else e
+
+    comb = strip(reducer.combine)
+    if isinstance(comb, BinOp) and comb.op in _KIND_OF_OP and {strip(comb.a), strip(comb.b)} == {reducer.lhs,
+                                                                                              reducer.rhs}:
+        return _KIND_OF_OP[comb.op]
+    raise NoRepairFound(
+        f"reducer {reducer.name!r} combines as {reducer.combine}; the repair solver can prove "
+        "distributivity (Eq. 4) only for reducers that combine with +, *, max or min"
+    )
+
+
+def _producer_names(producers: tuple[Load, ...]) -> list[str]:
+    """The tensor's name, or ``name_<constant indices>`` when one tensor gives several producers."""
+    counts: dict[str, int] = {}
+    for p in producers:
+        counts[p.tensor.name] = counts.get(p.tensor.name, 0) + 1
+    names = []
+    for p in producers:
+        if counts[p.tensor.name] == 1:
+            names.append(p.tensor.name)
+        else:
+            consts = [str(i) for i in p.indices if not free_vars(i)]
+            names.append("_".join([p.tensor.name, *consts]))
+    return names
+
+
+class _Solver:
+    def __init__(self, reducer: Reducer, term: Expr, producers: tuple[Load, ...], nonnegative: frozenset[Expr],
+                 positive: frozenset[Expr], reduce_vars: frozenset[str] | None, approximate: bool):
+        self.kind = _reducer_kind(reducer)
+        self.dtype = reducer.dtype if reducer.dtype.is_float else dt.f32
+        self.term, self.producers, self.reduce_vars = term, producers, reduce_vars
+        self.assumed = [f"{e} >= 0" for e in nonnegative] + [f"{e} > 0" for e in positive]
+        assume = {e: {"nonnegative": True} for e in nonnegative} | {e: {"positive": True} for e in positive}
+        self.table = SymbolTable(reserved=("t",), assume=assume)
+        self.t = sympy.Symbol("t", real=True)
+        self.old: list[sympy.Symbol] = []
+        self.new: list[sympy.Symbol] = []
+        for load, name in zip(producers, _producer_names(producers), strict=True):
+            flags = {"real": True, **assume.get(load, {})}
+            self.old.append(self.table.bind(load, name, **flags))
+            self.new.append(sympy.Symbol(self.old[-1].name + "'", **flags))
+        self.cs: list[sympy.Symbol] = []
+        self._abstract(term)
+        g, _ = to_sympy(term, self.table)
+        self.g = self._check_rounding(g, approximate)
+        self.g_new = self._renew(self.g)
+        self.notes = ["approximate: narrowing casts of producer-dependent values treated as exact"] \
+            if approximate and g != self.g else []
+        # A select on a condition free of producers (a mask applied after subtracting m) splits g into
+        # branches; h is derived from the first branch that reads a producer and proven on every branch.
+        folded = sympy.piecewise_fold(self.g) if self.g.has(sympy.Piecewise) else self.g
+        old = set(self.old)
+        if isinstance(folded, sympy.Piecewise) and not any(cond.free_symbols & old for _, cond in folded.args):
+            self.branches = [e for e, _ in folded.args]
+        else:
+            self.branches = [self.g]
+        self.main = next((b for b in self.branches if b.free_symbols & old), self.g)
+        self.main_new = self._renew(self.main)
+        self.main_cs = [c for c in self.cs if c in self.main.free_symbols]
+
+    def _renew(self, e: sympy.Expr) -> sympy.Expr:
+        """``e`` with every r replaced by r'."""
+        return e.xreplace(dict(zip(self.old, self.new, strict=True)))
+
+    # -- step 1: change of variables ----------------------------------------
+    def _reads_producer(self, e: Expr) -> bool:
+        return any(n in self.producers for n in walk_expr(e) if isinstance(n, Load))
+
+    def _abstract(self, e: Expr) -> None:
+        """Bind every maximal producer-free, non-constant, varying sub-expression to a fresh ``c``."""
+        if e in self.producers:
+            return
+        if isinstance(e, Load) and self._reads_producer(e):
+            raise NoRepairFound(f"the load {e} in g = {self.term} is indexed by a producer result; a repair "
+                                "cannot be derived through an index")
+        if not self._reads_producer(e):
+            leaves = [n for n in walk_expr(e) if isinstance(n, (Load, Var))]
+            invariant = self.reduce_vars is not None and not (free_vars(e) & self.reduce_vars)
+            if leaves and not invariant and self.table.lookup(e) is None:
+                inner = e.value if isinstance(e, Cast) else e
+                base = inner.tensor.name if isinstance(inner, Load) else inner.name if isinstance(inner, Var) else "c"
+                flags = {"real": True} if e.dtype.is_float else {"integer": True} if e.dtype.is_int else {}
+                self.cs.append(self.table.bind(e, base, **flags))
+            return
+        for k in children(e):
+            self._abstract(k)
+
+    def _check_rounding(self, g: sympy.Expr, approximate: bool) -> sympy.Expr:
+        """Refuse roundings and conditions that mix producers with c; h can replay those of r alone."""
+        old, cs = set(self.old), set(self.cs)
+        for cond in g.atoms(sympy.core.relational.Relational):
+            if cond.free_symbols & old and cond.free_symbols & cs:
+                raise NoRepairFound(
+                    f"the condition {self._ir_text(cond)} in g = {self.term} compares a producer result with "
+                    "values that vary along the reduction; g jumps where that comparison flips, which no "
+                    "repair h(t, r, r') can follow"
+                )
+        dependent = [a for a in g.atoms(AppliedUndef) if a.free_symbols & old and a.free_symbols & cs]
+        for a in dependent:
+            value = self._ir_text(a.args[0])
+            if not is_rounding(a):
+                raise NoRepairFound(
+                    f"exact fusion is impossible: the producer-dependent value {value} is truncated to "
+                    f"{rounded_dtype(a)} in g = {self.term}, and truncation is not invertible"
+                )
+            if not approximate:
+                raise NoRepairFound(
+                    f"exact fusion is impossible: the producer-dependent value {value} is rounded to "
+                    f"{rounded_dtype(a)} in g = {self.term}, and rounding is not invertible; pass "
+                    "approximate=True to fuse anyway, treating the rounding as exact"
+                )
+        return g.replace(lambda a: a in dependent, lambda a: a.args[0]) if dependent else g
+
+    def _ir_text(self, e: sympy.Expr) -> str:
+        """``e`` printed as the IR it came from (the c's expanded), for messages."""
+        try:
+            return str(from_sympy(e, self.table.mapping, self.dtype))
+        except PolyfuseError:
+            return str(e)
+
+    # -- steps 2-4 ----------------------------------------------------------------
+    def solve(self) -> Repair:
+        if not (self.g.free_symbols & set(self.old)):
+            return self._repair(self.t, "g does not read any producer, so h is the identity")
+        reasons: list[str] = []
+        tried: list[sympy.Expr] = []
+
+        def consider(h: sympy.Expr, route: str) -> Repair | None:
+            h = sympy.powsimp(h)
+            if any(_is_zero(h - p) for p in tried):
+                return None
+            tried.append(h)
+            failed = self._prove(h)
+            if failed is None:
+                return self._repair(h, f"{route}; {self._proof_note()}")
+            reasons.append(f"{route} gives h = {h}, but {failed}")
+            return None
+
+        for h, route in self._inverse(reasons):
+            found = consider(h, route)
+            if found is not None:
+                return found
+        for h, route in self._separable(reasons):
+            found = consider(h, route)
+            if found is not None:
+                return found
+        names = ", ".join(str(p) for p in self.producers)
+        hint = ""
+        if self.reduce_vars is None and any(not any(isinstance(n, Load) for n in walk_expr(self.table.leaf(c)))
+                                            for c in self.cs):
+            hint = ("; if some of these c's do not vary along the reduction, pass reduce_vars= "
+                    "so that they may appear in h")
+        raise NoRepairFound(f"no repair for f = {self.kind}, g = {self.g} with producer(s) {names}: "
+                            + "; ".join(reasons) + hint)
+
+    def _inverse(self, reasons: list[str]) -> list[tuple[sympy.Expr, str]]:
+        """Eq. 5 after the change of variables: ``h = g0(r', g0⁻¹(r, t))``."""
+        if len(self.main_cs) != 1:
+            what = ", ".join(f"{c} = {self.table.leaf(c)}" for c in self.main_cs) or "none"
+            reasons.append(f"g cannot be inverted in a single c (the change of variables leaves "
+                           f"{len(self.main_cs)}: {what})")
+            return []
+        (c,) = self.main_cs
+        try:
+            solutions = sympy.solve(self.main - self.t, c)
+        except (NotImplementedError, ValueError, TypeError) as err:
+            reasons.append(f"sympy cannot invert g in c ({c}): {err}")
+            return []
+        if not solutions:
+            reasons.append(f"g has no inverse in c: g = {self.main} = t has no solution for {c}")
+            return []
+        hs = [sympy.powsimp(sympy.simplify(self.main_new.xreplace({c: s}))) for s in solutions]
+        for other in hs[1:]:
+            if not _is_zero(other - hs[0]):
+                listed = ", ".join(f"{c} = {s}" for s in solutions)
+                reasons.append(f"g = {self.main} has several inverses that disagree ({listed}): "
+                               + " vs ".join(f"h = {h}" for h in hs))
+                return []
+        how = "one inverse" if len(solutions) == 1 else f"{len(solutions)} inverses that agree"
+        route = f"h = g(r', g⁻¹(r, t)) with {how} in c ({c} = {solutions[0]})"
+        # solve() normalises; when t·g(r',c)/g(r,c) is the same function, keep that shape of the program.
+        shaped = self.t * sympy.powsimp(sympy.expand_power_exp(self.main_new / self.main))
+        if c not in shaped.free_symbols and _is_zero(shaped - hs[0]):
+            return [(shaped, route + ", written as t·g(r',c)/g(r,c)")]
+        return [(hs[0], route)]
+
+    def _separable(self, reasons: list[str]) -> Iterator[tuple[sympy.Expr, str]]:
+        """``t·g(r',c)/g(r,c)`` or ``t + g(r',c) - g(r,c)``, when free of every c (computed lazily)."""
+        cs = set(self.main_cs)
+        for form, op in (("t·Q", "/"), ("t + D", "-")):
+            raw = self.main_new / self.main if op == "/" else self.main_new - self.main
+            q = _simplify(raw, cs)
+            depends = sorted(str(c) for c in q.free_symbols & cs)
+            if q.has(sympy.zoo, sympy.nan):
+                reasons.append(f"not separable as {form}: g(r',c) {op} g(r,c) = {q} is undefined")
+            elif depends:
+                reasons.append(f"not separable as {form}: g(r',c) {op} g(r,c) = {q} depends on c "
+                               f"({', '.join(depends)})")
+            else:
+                h = self.t * q if op == "/" else self.t + q
+                yield h, f"h = {form} with {'Q' if op == '/' else 'D'} = g(r',c) {op} g(r,c) free of c"
+
+    # -- proofs -------------------------------------------------------------------
+    def _prove(self, h: sympy.Expr) -> str | None:
+        """None if h satisfies Eq. 3 and Eq. 4 (symbolically, then numerically), else what failed."""
+        for branch in self.branches:
+            residue = h.xreplace({self.t: branch}) - self._renew(branch)
+            if not _is_zero(residue):
+                return f"Eq. 3 fails: h(g(r,c), r, r') - g(r',c) = {sympy.simplify(residue)}, not 0"
+        replaced = h.xreplace({self.t: self.g})
+        x, y = sympy.Symbol("x_", real=True), sympy.Symbol("y_", real=True)
+        combine, op = _COMBINE[self.kind], _OP_OF_KIND[self.kind]
+        lhs = h.xreplace({self.t: combine(x, y)})
+        rhs = combine(h.xreplace({self.t: x}), h.xreplace({self.t: y}))
+        if self.kind in ("sum", "prod"):
+            if not _is_zero(lhs - rhs):
+                shape = "linear and homogeneous" if self.kind == "sum" else "multiplicative"
+                return f"h does not distribute over {op} (Eq. 4): h(x {op} y) != h(x) {op} h(y); h must be {shape} in t"
+        else:
+            a = sympy.simplify(sympy.diff(h, self.t))
+            if self.t in a.free_symbols and not _is_zero(sympy.diff(a, self.t)):
+                return f"cannot prove h distributes over {self.kind}: h = {h} is not of the form a·t + b"
+            if not _nonnegative(a):
+                assumed = ", ".join(self.assumed) or "none"
+                return (f"cannot prove h distributes over {self.kind}: h = a·t + b with a = {a}, which is not "
+                        f"provably >= 0 (assumptions: {assumed}; declare producers positive= or nonnegative= "
+                        "if they are)")
+        wrong = _numeric_mismatch((replaced, self.g_new), (lhs, rhs))
+        return None if wrong is None else f"Eq. 3 or Eq. 4 does not hold numerically: {wrong}"
+
+    def _proof_note(self) -> str:
+        eq4 = {"sum": "h is linear and homogeneous in t", "prod": "h is multiplicative in t",
+               "max": "h = a·t + b with a >= 0", "min": "h = a·t + b with a >= 0"}[self.kind]
+        notes = [f"Eq. 3 proven symbolically and on {_SAMPLES} random points",
+                 f"Eq. 4 ({_OP_OF_KIND[self.kind]}): {eq4}"]
+        if self.assumed:
+            notes.append("assuming " + ", ".join(self.assumed))
+        return "; ".join(notes + self.notes)
+
+    def _repair(self, h: sympy.Expr, cases: str) -> Repair:
+        return Repair(self.kind, self.g, h, self.t, self.producers, tuple(self.old), tuple(self.new),
+                      tuple(self.cs), tuple(self.table.mapping.items()), cases, self.dtype)
+
+
+def _simplify(e: sympy.Expr, cs: set[sympy.Symbol]) -> sympy.Expr:
+    """Combine exponentials (cheap, keeps the program's shape); full ``simplify`` only if c's remain."""
+    cheap = sympy.powsimp(sympy.expand_power_exp(e))
+    return cheap if not cheap.free_symbols & cs else sympy.powsimp(sympy.simplify(e))
+
+
+def _is_zero(e: sympy.Expr) -> bool:
+    """A symbolic proof that ``e`` is 0: cheap expansion first, full simplification next."""
+    if e == 0:
+        return True
+    try:
+        return sympy.expand(e) == 0 or sympy.simplify(e) == 0 or sympy.expand(sympy.simplify(e)) == 0
+    except (TypeError, ValueError, NotImplementedError, RecursionError):
+        return False
+
+
+def _nonnegative(a: sympy.Expr) -> bool:
+    """Provably ``a >= 0``: sympy's assumptions, else the structure exp(real)·(non-negative factors)."""
+    if a.is_nonnegative:
+        return True
+    if isinstance(a, (sympy.Mul, sympy.Add)):
+        return all(_nonnegative(f) for f in a.args)
+    if isinstance(a, sympy.exp):
+        return bool(a.args[0].is_extended_real)
+    if isinstance(a, sympy.Pow):
+        base, e = a.args
+        return bool((e.is_integer and e.is_even) or _nonnegative(base))
+    if isinstance(a, sympy.Max):
+        return any(_nonnegative(f) for f in a.args)
+    if isinstance(a, sympy.Min):
+        return all(_nonnegative(f) for f in a.args)
+    return isinstance(a, sympy.Abs)
+
+
+def _sample(sym: sympy.Symbol, rng: np.random.Generator) -> np.ndarray:
+    """Random values that respect a symbol's assumptions, in a range where exp does not overflow."""
+    if sym.is_integer:
+        return rng.integers(1, 17, _SAMPLES).astype(np.float64)
+    if sym.is_real is None:  # an abstracted condition
+        return rng.integers(0, 2, _SAMPLES).astype(bool)
+    if sym.is_positive:
+        return rng.uniform(0.05, 8.0, _SAMPLES)
+    if sym.is_nonnegative:
+        return rng.uniform(0.0, 8.0, _SAMPLES)
+    return rng.uniform(-8.0, 8.0, _SAMPLES)
+
+
+def _numeric_mismatch(*pairs: tuple[sympy.Expr, sympy.Expr]) -> str | None:
+    """None if ``lhs == rhs`` (rtol 1e-9, float64) on random points for every pair, else a witness."""
+    syms = sorted(set().union(*(a.free_symbols | b.free_symbols for a, b in pairs)), key=str)
+    rng = np.random.default_rng(0)
+    values = [_sample(s, rng) for s in syms]
+    point_values = dict(zip(syms, values, strict=True))
+    out = [np.broadcast_to(evaluate(side, point_values).astype(np.float64), (_SAMPLES,))
+           for pair in pairs for side in pair]
+    for (lhs, rhs), left, right in zip(pairs, out[0::2], out[1::2], strict=True):
+        finite = np.isfinite(left) & np.isfinite(right)
+        if finite.sum() < _SAMPLES // 2:
+            return (f"{lhs} = {rhs}: only {int(finite.sum())} of {_SAMPLES} random points give finite values, "
+                    "too few to check")
+        bad = finite & ~np.isclose(left, right, rtol=_RTOL, atol=_ATOL)
+        if bad.any():
+            k = int(np.argmax(bad))
+            point = ", ".join(f"{s} = {v[k]:.6g}" for s, v in zip(syms, values, strict=True))
+            return f"{lhs} = {rhs} fails at {point}: the two sides are {left[k]:.17g} and {right[k]:.17g}"
+    return None
