@@ -34,6 +34,8 @@ the dataflow checks (5-6, resp. 4-5), which are what make the substitution exact
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import islpy as isl
 
 from polyfuse import deps
@@ -50,13 +52,21 @@ from polyfuse.transforms.region import aff_to_expr
 from polyfuse.transforms.tree import block_path, map_blocks, replace_node
 
 
-def compute_inline(program: Program, *, block: str) -> Program:
-    """Substitute spatial block ``block`` into every reader of its tensor and remove it."""
+def compute_inline(program: Program, *, block: str, into: Sequence[str] | None = None) -> Program:
+    """Substitute spatial block ``block`` into every reader of its tensor and remove it.
+
+    With ``into``, only those readers get the substituted expression (a copy); the
+    block and its tensor stay for the other readers and go only when none is left.
+    """
     what = f"compute_inline of block {block!r}"
     # Step 1. The producer is a pure function of its iteration variables.
     _, producer = block_path(program, block)
     tensor = _require_pure_producer(program, producer, what)
-    readers = [b for b in program.blocks() if b.name != block and reads_tensor(b, tensor)]
+    all_readers = [b for b in program.blocks() if b.name != block and reads_tensor(b, tensor)]
+    readers = all_readers if into is None else [b for b in all_readers if b.name in into]
+    if into is not None and len(readers) != len(set(into)):
+        missing = sorted(set(into) - {b.name for b in readers})
+        raise IllegalTransform(f"{what}: block(s) {', '.join(missing)} do not read {tensor!r}")
 
     # Step 2. Every read of the tensor sees P's value, and P's inputs do not change before it is read.
     info = deps.analyze(program)
@@ -77,9 +87,11 @@ def compute_inline(program: Program, *, block: str) -> Program:
         return map_expr(e, lambda n: substitute(st.value, dict(zip(names, n.indices, strict=True)))
                         if isinstance(n, Load) and n.tensor.name == tensor else None)
 
-    body = replace_node(program.body, own_nest(program, block), None)
+    keep = len(readers) < len(all_readers)
+    body = program.body if keep else replace_node(program.body, own_nest(program, block), None)
     body = map_blocks(body, lambda b: map_block_exprs(b, inline) if b.name in {r.name for r in readers} else b)
-    return validate(program.replace(body=body, tensors=tuple(t for t in program.tensors if t.name != tensor)))
+    tensors = program.tensors if keep else tuple(t for t in program.tensors if t.name != tensor)
+    return validate(program.replace(body=body, tensors=tensors))
 
 
 def reverse_compute_inline(program: Program, *, block: str) -> Program:

@@ -1,0 +1,213 @@
+"""Step 1 of both reduction fusions: find the producer reductions of a consumer.
+
+Neptune's INLINEMAPRETURNREDUCE.  Walking back from the consumer along flow
+dependences, through map-only (spatial) blocks:
+
+- a reduction that is not yet complete when the fused consumer runs is a
+  *producer*: it is not under the rolling loop, or the rolling loop binds one of
+  its reduce iterations (it was fused there already, tile by tile);
+- a reduction under the rolling loop whose reductions finish inside one iteration
+  (``qk`` under the key-tile loop) is complete there: it is an input ``c``;
+- a map block is *on a path* when some producer lies behind it; those blocks are
+  inlined into the consumer (as a copy: other readers keep them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polyfuse import deps
+from polyfuse.errors import IllegalTransform
+from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt
+from polyfuse.ir.visit import free_vars, seq
+from polyfuse.transforms.inline import compute_inline
+from polyfuse.transforms.tree import block_path, blocks_under, loops_of
+
+
+@dataclass(frozen=True)
+class Producers:
+    """The producer reductions of a consumer and the map blocks between them (closest to the consumer first)."""
+
+    reductions: tuple[str, ...]
+    maps: tuple[str, ...]
+
+
+def rolled_by(block: Block, loop: str) -> bool:
+    """True if ``loop`` binds one of ``block``'s reduce iterations."""
+    return any(loop in free_vars(b) for iv, b in zip(block.iters, block.bindings, strict=True) if iv.is_reduce)
+
+
+def under(program: Program, block: str, loop: Loop) -> bool:
+    """True if ``block`` is inside ``loop`` (by identity)."""
+    return any(lp is loop for lp in loops_of(program, block))
+
+
+def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
+    """The reductions ``consumer`` needs that are not complete at its fused position (see module docstring)."""
+    info = deps.analyze(program)
+    sources: dict[str, set[str]] = {}
+    for d in info.flow:
+        if d.source != d.sink:
+            sources.setdefault(d.sink, set()).add(d.source)
+    reductions: dict[str, None] = {}
+    maps: dict[str, None] = {}
+
+    def visit(name: str, seen: frozenset[str]) -> bool:
+        found = False
+        for src in sorted(sources.get(name, ())):
+            if src in seen:
+                continue
+            b = program.block(src)
+            if b.is_reduction:
+                if under(program, src, loop) and not rolled_by(b, loop.var.name):
+                    continue
+                reductions[src] = None
+                found = True
+            elif visit(src, seen | {src}):
+                maps[src] = None
+                found = True
+        return found
+
+    visit(consumer, frozenset({consumer}))
+    return Producers(tuple(reductions), tuple(maps))
+
+
+def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Program:
+    """Inline the map blocks on producer paths into ``consumer`` (only), nearest first."""
+    pending = list(maps)
+    while pending:
+        reads = {ld.tensor.name for ld in _consumer_loads(program.block(consumer))}
+        ready = [m for m in pending if program.block(m).store.tensor.name in reads]
+        if not ready:
+            raise IllegalTransform(f"inlining into block {consumer!r}: blocks {', '.join(pending)} lie on a path "
+                                   "from a producer reduction but the consumer does not reach them")
+        for m in ready:
+            program = compute_inline(program, block=m, into=[consumer])
+            pending.remove(m)
+    return program
+
+
+def _consumer_loads(block: Block):
+    from polyfuse.ir.visit import loads
+
+    out = loads(block.store.value)
+    return out + (loads(block.init) if block.init is not None else [])
+
+
+# ------------------------------------------------------------------ loop-body surgery shared by the fusions
+
+def body_children(loop: Loop) -> list[Stmt]:
+    """The statements of a loop body in order."""
+    return list(loop.body.stmts) if isinstance(loop.body, Seq) else [loop.body]
+
+
+def child_containing(loop: Loop, block: str) -> int:
+    """Index of the statement of ``loop``'s body that contains ``block``."""
+    for k, s in enumerate(body_children(loop)):
+        if any(b.name == block for b in blocks_under(s)):
+            return k
+    raise IllegalTransform(f"block {block!r} is not inside loop {loop.var.name!r}")
+
+
+def insert_into(loop: Loop, index: int, stmt: Stmt) -> Loop:
+    """``loop`` with ``stmt`` inserted before body statement ``index``."""
+    kids = body_children(loop)
+    kids.insert(index, stmt)
+    return loop.replace(body=seq(*kids))
+
+
+def spatial_loops_between(program: Program, block: str, loop: Loop) -> list[Loop]:
+    """The loops strictly inside ``loop`` around ``block`` that bind only its spatial iterations."""
+    path, b = block_path(program, block)
+    inner = [s for s in path if isinstance(s, Loop)]
+    inner = inner[[k for k, lp in enumerate(inner) if lp is loop][0] + 1:]
+    reduce_vars = {v for iv, bnd in zip(b.iters, b.bindings, strict=True) if iv.is_reduce for v in free_vars(bnd)}
+    return [lp for lp in inner if lp.var.name not in reduce_vars]
+
+
+# ------------------------------------------------------------------ naive fusion by alignment
+
+def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], loop_block: str,
+                       loop: str, what: str) -> tuple[Program, list]:
+    """Place consumer ``block`` under ``loop`` with its reduction aligned to a producer's (naive fusion).
+
+    Neptune's naive fusion puts the consumer's update for reduce index ``j`` in the
+    iteration where the producer updates ``j`` — the tag correspondence
+    ``X_P[i]⟨j⟩``.  The consumer takes the bindings of an anchor producer (the first
+    one whose reduce extents equal its own) for its reduce iterations, and for every
+    spatial iteration that indexes the anchor's result the same way the anchor's
+    store does; other spatial iterations get loops of their own.  Returns the program
+    and the temporal dependences it breaks (anything else broken is refused).
+    """
+    from polyfuse.ir.expr import Var
+    from polyfuse.ir.visit import loads
+    from polyfuse.transforms.compute_at import own_nest
+    from polyfuse.transforms.tree import find_loop, replace_node
+
+    consumer = program.block(block)
+    anchor = _anchor(program, consumer, producers, what)
+    bindings: dict[str, object] = {}
+    p_bind = {iv.var.name: b for iv, b in zip(anchor.iters, anchor.bindings, strict=True)}
+    for civ, piv in zip(consumer.reduce_iters, anchor.reduce_iters, strict=True):
+        bindings[civ.var.name] = p_bind[piv.var.name]
+    spatial = {iv.var.name for iv in consumer.spatial_iters}
+    for ld in loads(consumer.store.value):
+        if ld.tensor != anchor.store.tensor:
+            continue
+        for c_idx, p_idx in zip(ld.indices, anchor.store.indices, strict=True):
+            if isinstance(c_idx, Var) and c_idx.name in spatial and isinstance(p_idx, Var):
+                bindings.setdefault(c_idx.name, p_bind[p_idx.name])
+    lp = find_loop(program, loop_block, loop)
+    inner = spatial_loops_between(program, anchor.name, lp) + _reduce_loops_between(program, anchor.name, lp)
+    order = [x.var.name for x in _loops_inside(program, anchor.name, lp)]
+    used = set().union(*(free_vars(b) for b in bindings.values())) if bindings else set()  # type: ignore[arg-type]
+    copies = sorted((x for x in inner if x.var.name in used), key=lambda x: order.index(x.var.name))
+    taken = {x.var.name for x in _loops_inside(program, anchor.name, lp)} | {
+        x.var.name for x in loops_of(program, anchor.name)}
+    own: list[Loop] = []
+    for iv in consumer.iters:
+        if iv.var.name not in bindings:
+            name = iv.var.name
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            own.append(Loop(Var(name), iv.extent, consumer))  # body replaced below
+            bindings[iv.var.name] = Var(name)
+    placed = consumer.replace(bindings=tuple(bindings[iv.var.name] for iv in consumer.iters))  # type: ignore[misc]
+    nest: Stmt = placed
+    for x in reversed(own + copies):
+        nest = Loop(x.var, x.extent, nest)
+    before = program
+    body = replace_node(program.body, own_nest(program, block), None)
+    program = program.replace(body=body)
+    lp = find_loop(program, loop_block, loop)
+    reads = {ld.tensor.name for ld in loads(placed.store.value)}
+    last = max(k for k, s in enumerate(body_children(lp))
+               if any(b.store.tensor.name in reads for b in blocks_under(s)))
+    program = program.replace(body=replace_node(program.body, lp, insert_into(lp, last + 1, nest)))
+    from polyfuse.ir.validate import validate
+
+    validate(program)
+    return program, deps.check_naive_fusion(deps.analyze(before), program, what=what)
+
+
+def _anchor(program: Program, consumer: Block, producers: list[str], what: str) -> Block:
+    extents = [iv.extent for iv in consumer.reduce_iters]
+    for p in producers:
+        b = program.block(p)
+        if [iv.extent for iv in b.reduce_iters] == extents:
+            return b
+    raise IllegalTransform(f"{what}: no producer ({', '.join(producers) or 'none'}) reduces over the same extents "
+                           f"as block {consumer.name!r} ({', '.join(str(e) for e in extents)}), so there is no "
+                           "reduction to align it with")
+
+
+def _loops_inside(program: Program, block: str, loop: Loop) -> list[Loop]:
+    path = loops_of(program, block)
+    k = [n for n, x in enumerate(path) if x is loop][0]
+    return path[k + 1:]
+
+
+def _reduce_loops_between(program: Program, block: str, loop: Loop) -> list[Loop]:
+    spatial = {x.var.name for x in spatial_loops_between(program, block, loop)}
+    return [x for x in _loops_inside(program, block, loop) if x.var.name not in spatial]

@@ -1,0 +1,247 @@
+"""rolling_update: fuse a reduction into the loop of its producer reductions (Neptune Alg. 1).
+
+``rolling_update(block=C, loop_block=B, loop=L)`` fuses consumer reduction C under
+loop L (which encloses B), breaking the temporal dependences from its producer
+reductions and repairing C with the solver's ``h``:
+
+  1. dataflow: the producer reductions of C and the map blocks between them
+     (:mod:`~polyfuse.transforms.dataflow`); those maps are inlined into C (a copy);
+  2. every producer not yet under L is placed there (``reverse_compute_at``, fully
+     checked); L must be the outermost loop binding each producer's reduction;
+  3. naive fusion: C is placed under L (``naive_reverse_compute_at``); the broken
+     dependences must be exactly temporal edges from producers to C, anything else
+     is refused with the dependence and a witness;
+  4. the solver matches C to ``X = X ⊕ g(r, c)`` and derives and proves ``h``;
+  5. when C still reduces over loops inside L (a tile), C is privatized over L
+     (``rfactor``): ``C_rf`` reduces one tile with the current producer values and
+     the combine ``C`` moves into L, so the repair runs once per tile (Fig. 15);
+  6. each producer keeps its previous value: a block ``P_save`` stores
+     ``X_prev = X`` (the identity in the first iteration) before P's update;
+  7. C's update becomes ``X = G(h(X, r_prev, r)) ⊕ rest``.
+
+Guards, each exact: ``G`` keeps ``X`` when it is still the reducer's identity
+(distributivity makes h(identity) the identity) or when no producer changed
+(``h(t, r, r) = t``); a term computed while a max/min producer is still at its
+infinite identity (every element seen so far masked to -inf) contributes the
+identity, which is what that term is worth once the producer is finite.  So
+``exp(-inf - -inf)`` never appears where the unfused program has a value.
+
+With no producer (the first reduction of a chain, like the row max) there is
+nothing to repair: C is only placed under L (``reverse_compute_at``), where it
+keeps its running value; step 5 applies only when a repair must run per tile.
+
+Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
+
+    s_max: xmax[i] = max(xmax[i], inp[i, j])      for i:  for j:
+    s_exp: xexp[i, j] = exp(inp[i, j] - xmax[i])      s_max_save: xmax_prev[i] = j == 0 ? -inf : xmax[i]
+    s_sum: xsum[i] += xexp[i, j]                      s_max:      xmax[i] = max(xmax[i], inp[i, j])
+                                                      s_sum:      xsum[i] = G(xsum[i]·exp(xmax_prev[i] - xmax[i]))
+                                                                            + exp(inp[i, j] - xmax[i])
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+
+from polyfuse.deps.dependence import Dependence
+from polyfuse.errors import IllegalTransform
+from polyfuse.ir.expr import Const, Load, Var, eq, logical_or, select
+from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
+from polyfuse.ir.validate import validate
+from polyfuse.ir.visit import free_vars, loads
+from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
+from polyfuse.transforms.dataflow import (
+    child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
+    spatial_loops_between, under,
+)
+from polyfuse.transforms.repair import Repair, result_sign, solve_repair
+from polyfuse.transforms.tree import find_loop, map_blocks, replace_node
+
+
+@dataclass(frozen=True)
+class Fusion:
+    """What a reduction fusion did, for ``polyfuse explain`` and tests."""
+
+    kind: str
+    consumer: str
+    loop: str
+    producers: tuple[str, ...]
+    inlined: tuple[str, ...]
+    broken: tuple[Dependence, ...]
+    repair: Repair | None
+    created: tuple[str, ...]
+
+
+def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
+                   approximate: bool = False) -> tuple[Program, Fusion]:
+    """Fuse reduction ``block`` under ``loop`` (enclosing ``loop_block``), repaired; see the module docstring."""
+    what = f"rolling_update of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
+    consumer = program.block(block)
+    if consumer.reduce_term() is None or consumer.init is None:
+        raise IllegalTransform(f"{what}: block {block!r} is not a reduction X = X ⊕ g with an init; "
+                               "only such a block can be fused with a repair")
+
+    # Step 1. Producers, and the map blocks between them and the consumer.
+    found = find_producers(program, block, find_loop(program, loop_block, loop))
+    program = inline_paths(program, block, found.maps)
+
+    # Step 2. Producers under the rolling loop, in program order.
+    order = [b.name for b in program.blocks()]
+    producers = sorted(found.reductions, key=order.index)
+    for p in producers:
+        if not under(program, p, find_loop(program, loop_block, loop)):
+            program = reverse_compute_at(program, block=p, loop_block=loop_block, loop=loop)
+    producers = [p for p in producers if rolled_by(program.block(p), loop)]
+    for p in producers:
+        _require_outermost(program, p, loop, what)
+
+    # Step 3. Naive fusion of the consumer: only temporal producer -> consumer edges may break.
+    if producers:
+        program, broken = naive_fuse_aligned(program, block=block, producers=producers, loop_block=loop_block,
+                                             loop=loop, what=what)
+    else:
+        program, broken = naive_reverse_compute_at(program, block=block, loop_block=loop_block, loop=loop)
+    stray = [d for d in broken if d.sink != block or d.source not in producers]
+    if stray:
+        raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
+
+    # Step 4. The repair.
+    consumer = program.block(block)
+    term = consumer.reduce_term()
+    tensors = {program.block(p).store.tensor.name: p for p in producers}
+    r_loads = list(dict.fromkeys(ld for ld in loads(term) if ld.tensor.name in tensors))  # type: ignore[arg-type]
+    reduce_names = {iv.var.name for iv in consumer.reduce_iters}
+    for ld in r_loads:
+        if any(free_vars(i) & reduce_names for i in ld.indices):
+            raise IllegalTransform(f"{what}: block {block!r} reads producer result {ld} at an index that varies "
+                                   "along the reduction; a repair needs one producer value per consumer element")
+    repair = None
+    if r_loads:
+        signs = {ld: result_sign(program.block(tensors[ld.tensor.name])) for ld in r_loads}
+        repair = solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
+                              nonnegative=[ld for ld, s in signs.items() if s == "nonnegative"],
+                              positive=[ld for ld, s in signs.items() if s == "positive"],
+                              reduce_vars=reduce_names, approximate=approximate)
+
+    # Step 5. One repair per tile: privatize the consumer over the rolling loop.
+    created: list[str] = []
+    local = block
+    needs_repair = repair is not None and not repair.is_identity
+    if needs_repair and _reduces_inside(program.block(block), loop):
+        from polyfuse.transforms.rfactor import rfactor
+
+        program, local = rfactor(program, block=block, loop=loop)
+        program = reverse_compute_at(program, block=block, loop_block=local, loop=loop)
+        created.append(local)
+
+    # Steps 6-7. Previous producer values, and the repaired update.
+    if needs_repair:
+        prev: dict[Load, Load] = {}
+        for ld in r_loads:
+            program, prev_tensor, saver = _keep_previous(program, tensors[ld.tensor.name], loop_block, loop)
+            if saver:
+                created.append(saver)
+            prev[ld] = Load(prev_tensor, ld.indices)
+        program = _guard_term(program, local, r_loads, [program.block(tensors[ld.tensor.name]) for ld in r_loads])
+        program = _apply_repair(program, block, repair, prev, r_loads)
+    elif r_loads:
+        program = _guard_term(program, local, r_loads, [program.block(tensors[ld.tensor.name]) for ld in r_loads])
+    fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
+                    tuple(created))
+    return validate(program), fusion
+
+
+def _require_outermost(program: Program, producer: str, loop: str, what: str) -> None:
+    """The rolling loop must be the outermost loop binding the producer's reduction (its first
+    iteration is then the producer's first update, which ``P_save`` relies on)."""
+    from polyfuse.transforms.tree import loops_of
+
+    names = [lp.var.name for lp in loops_of(program, producer)]
+    outer = set(names[:names.index(loop)])
+    b = program.block(producer)
+    for iv, bnd in zip(b.iters, b.bindings, strict=True):
+        if iv.is_reduce and free_vars(bnd) & outer:
+            raise IllegalTransform(f"{what}: loop {loop!r} is not the outermost loop binding the reduction of "
+                                   f"producer {producer!r} (its {iv.var.name} = {bnd}); roll over the outer loop")
+
+
+def _reduces_inside(block: Block, loop: str) -> bool:
+    """True if loops other than ``loop`` bind the block's reduction (a tile inside the rolling loop)."""
+    return any(free_vars(b) - {loop} for iv, b in zip(block.iters, block.bindings, strict=True) if iv.is_reduce)
+
+
+def _keep_previous(program: Program, producer: str, loop_block: str, loop: str) -> tuple[Program, Tensor, str]:
+    """A tensor holding the producer's value from before this iteration of ``loop``, and the block saving it."""
+    p = program.block(producer)
+    x = p.store.tensor
+    name = f"{x.name}_prev"
+    for t in program.tensors:
+        if t.name == name:
+            return program, t, ""
+    prev = Tensor(name, x.shape, x.dtype, "temp", x.scope)
+    lp = find_loop(program, loop_block, loop)
+    step = Var(_fresh_iter(p, "t"))
+    spatial = [(iv, b) for iv, b in zip(p.iters, p.bindings, strict=True) if not iv.is_reduce]
+    iters = tuple(iv for iv, _ in spatial) + (IterVar(step, lp.extent, SPATIAL),)
+    bindings = tuple(b for _, b in spatial) + (Var(loop),)
+    identity = p.reducer.identity  # type: ignore[union-attr]
+    value = select(eq(step, 0), identity, Load(x, p.store.indices))
+    saver = Block(f"{producer}_save", iters, bindings, Store(prev, p.store.indices, value))
+    nest = saver
+    for copy in reversed(spatial_loops_between(program, producer, lp)):
+        nest = Loop(copy.var, copy.extent, nest)  # type: ignore[assignment]
+    new_loop = insert_into(lp, child_containing(lp, producer), nest)
+    program = program.replace(tensors=program.tensors + (prev,), body=replace_node(program.body, lp, new_loop))
+    return program, prev, saver.name
+
+
+def _fresh_iter(block: Block, base: str) -> str:
+    names = {iv.var.name for iv in block.iters}
+    k, out = 0, base
+    while out in names:
+        k += 1
+        out = f"{base}{k}"
+    return out
+
+
+def _infinite_identity(block: Block) -> bool:
+    ident = block.reducer.identity if block.reducer else None
+    return isinstance(ident, Const) and isinstance(ident.value, float) and math.isinf(ident.value)
+
+
+def _guard_term(program: Program, local: str, r_loads: list[Load], producers: list[Block]) -> Program:
+    """In ``local``'s term, a producer still at its infinite identity makes the term the identity."""
+    b = program.block(local)
+    conds = [eq(ld, p.reducer.identity) for ld, p in zip(r_loads, producers, strict=True)  # type: ignore[union-attr]
+             if _infinite_identity(p) and ld in loads(b.store.value)]
+    if not conds:
+        return program
+    acc = Load(b.store.tensor, b.store.indices)
+    term = b.reduce_term()
+    guarded = select(functools.reduce(logical_or, conds), b.reducer.identity, term)  # type: ignore[union-attr]
+    new = b.replace(store=Store(b.store.tensor, b.store.indices, b.reducer.apply(acc, guarded)))  # type: ignore[union-attr]
+    return program.replace(body=map_blocks(program.body, lambda x: new if x.name == local else x))
+
+
+def _apply_repair(program: Program, block: str, repair: Repair, prev: dict[Load, Load],
+                  r_loads: list[Load]) -> Program:
+    """``X = G(h(X, r_prev, r)) ⊕ rest`` in the (combine) block ``block``."""
+    b = program.block(block)
+    names = {iv.var.name for iv in b.iters}
+    for ld in r_loads:
+        stray = set().union(*(free_vars(i) for i in ld.indices)) - names
+        if stray:
+            raise IllegalTransform(f"rolling_update of block {block!r}: the combine has no iteration variable "
+                                   f"{', '.join(sorted(stray))} to index producer result {ld}")
+    acc = Load(b.store.tensor, b.store.indices)
+    rest = b.reduce_term()
+    repaired = repair.apply(acc, old=prev, new={ld: ld for ld in r_loads})
+    guarded = select(eq(acc, b.reducer.identity), acc, repaired)  # type: ignore[union-attr]
+    value = b.reducer.apply(guarded, rest)  # type: ignore[union-attr, arg-type]
+    new = b.replace(store=Store(b.store.tensor, b.store.indices, value))
+    return program.replace(body=map_blocks(program.body, lambda x: new if x.name == block else x))
+
+
+__all__ = ["Fusion", "rolling_update"]
