@@ -382,6 +382,18 @@ def floor(x: ExprLike) -> Expr:
     return call("floor", x)
 
 
+def ceil(x: ExprLike) -> Expr:
+    return call("ceil", x)
+
+
+def exp2(x: ExprLike) -> Expr:
+    return call("exp2", x)
+
+
+def log2(x: ExprLike) -> Expr:
+    return call("log2", x)
+
+
 def power(x: ExprLike, y: ExprLike) -> Expr:
     return binop("pow", x, y)
 

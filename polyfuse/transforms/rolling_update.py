@@ -41,37 +41,20 @@ Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 
 from __future__ import annotations
 
-import functools
-import math
-from dataclasses import dataclass
 
-from polyfuse.deps.dependence import Dependence
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir.expr import Const, Load, Var, eq, logical_or, select
+from polyfuse.ir.expr import Load, Var, eq, select
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import free_vars, loads
+from polyfuse.ir.visit import free_vars
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
 from polyfuse.transforms.dataflow import (
     child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
     spatial_loops_between, under,
 )
-from polyfuse.transforms.repair import Repair, result_sign, solve_repair
-from polyfuse.transforms.tree import find_loop, map_blocks, replace_node
-
-
-@dataclass(frozen=True)
-class Fusion:
-    """What a reduction fusion did, for ``polyfuse explain`` and tests."""
-
-    kind: str
-    consumer: str
-    loop: str
-    producers: tuple[str, ...]
-    inlined: tuple[str, ...]
-    broken: tuple[Dependence, ...]
-    repair: Repair | None
-    created: tuple[str, ...]
+from polyfuse.transforms.fusion_common import Fusion, guard_term, repaired_update, replace_block, solve_for
+from polyfuse.transforms.repair import Repair
+from polyfuse.transforms.tree import find_loop, replace_node
 
 
 def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
@@ -108,22 +91,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
 
     # Step 4. The repair.
-    consumer = program.block(block)
-    term = consumer.reduce_term()
-    tensors = {program.block(p).store.tensor.name: p for p in producers}
-    r_loads = list(dict.fromkeys(ld for ld in loads(term) if ld.tensor.name in tensors))  # type: ignore[arg-type]
-    reduce_names = {iv.var.name for iv in consumer.reduce_iters}
-    for ld in r_loads:
-        if any(free_vars(i) & reduce_names for i in ld.indices):
-            raise IllegalTransform(f"{what}: block {block!r} reads producer result {ld} at an index that varies "
-                                   "along the reduction; a repair needs one producer value per consumer element")
-    repair = None
-    if r_loads:
-        signs = {ld: result_sign(program.block(tensors[ld.tensor.name])) for ld in r_loads}
-        repair = solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
-                              nonnegative=[ld for ld, s in signs.items() if s == "nonnegative"],
-                              positive=[ld for ld, s in signs.items() if s == "positive"],
-                              reduce_vars=reduce_names, approximate=approximate)
+    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
 
     # Step 5. One repair per tile: privatize the consumer over the rolling loop.
     created: list[str] = []
@@ -144,10 +112,9 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             if saver:
                 created.append(saver)
             prev[ld] = Load(prev_tensor, ld.indices)
-        program = _guard_term(program, local, r_loads, [program.block(tensors[ld.tensor.name]) for ld in r_loads])
+        guards = [(ld, program.block(tensors[ld.tensor.name])) for ld in r_loads]
+        program = guard_term(program, local, guards)
         program = _apply_repair(program, block, repair, prev, r_loads)
-    elif r_loads:
-        program = _guard_term(program, local, r_loads, [program.block(tensors[ld.tensor.name]) for ld in r_loads])
     fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(created))
     return validate(program), fusion
@@ -206,25 +173,6 @@ def _fresh_iter(block: Block, base: str) -> str:
     return out
 
 
-def _infinite_identity(block: Block) -> bool:
-    ident = block.reducer.identity if block.reducer else None
-    return isinstance(ident, Const) and isinstance(ident.value, float) and math.isinf(ident.value)
-
-
-def _guard_term(program: Program, local: str, r_loads: list[Load], producers: list[Block]) -> Program:
-    """In ``local``'s term, a producer still at its infinite identity makes the term the identity."""
-    b = program.block(local)
-    conds = [eq(ld, p.reducer.identity) for ld, p in zip(r_loads, producers, strict=True)  # type: ignore[union-attr]
-             if _infinite_identity(p) and ld in loads(b.store.value)]
-    if not conds:
-        return program
-    acc = Load(b.store.tensor, b.store.indices)
-    term = b.reduce_term()
-    guarded = select(functools.reduce(logical_or, conds), b.reducer.identity, term)  # type: ignore[union-attr]
-    new = b.replace(store=Store(b.store.tensor, b.store.indices, b.reducer.apply(acc, guarded)))  # type: ignore[union-attr]
-    return program.replace(body=map_blocks(program.body, lambda x: new if x.name == local else x))
-
-
 def _apply_repair(program: Program, block: str, repair: Repair, prev: dict[Load, Load],
                   r_loads: list[Load]) -> Program:
     """``X = G(h(X, r_prev, r)) ⊕ rest`` in the (combine) block ``block``."""
@@ -235,13 +183,7 @@ def _apply_repair(program: Program, block: str, repair: Repair, prev: dict[Load,
         if stray:
             raise IllegalTransform(f"rolling_update of block {block!r}: the combine has no iteration variable "
                                    f"{', '.join(sorted(stray))} to index producer result {ld}")
-    acc = Load(b.store.tensor, b.store.indices)
-    rest = b.reduce_term()
-    repaired = repair.apply(acc, old=prev, new={ld: ld for ld in r_loads})
-    guarded = select(eq(acc, b.reducer.identity), acc, repaired)  # type: ignore[union-attr]
-    value = b.reducer.apply(guarded, rest)  # type: ignore[union-attr, arg-type]
-    new = b.replace(store=Store(b.store.tensor, b.store.indices, value))
-    return program.replace(body=map_blocks(program.body, lambda x: new if x.name == block else x))
+    return replace_block(program, repaired_update(b, repair, "acc", prev, {ld: ld for ld in r_loads}))
 
 
 __all__ = ["Fusion", "rolling_update"]
