@@ -69,7 +69,7 @@ def events(block: Block, inst: tuple[int, ...]) -> Iterator[tuple[str, bool, str
     st = block.store
     acc = Load(st.tensor, st.indices)
     for k, ld in enumerate(loads(st.value)):
-        if not (block.is_reduction and ld == acc and first):
+        if not (block.is_reduction and block.init is not None and ld == acc and first):
             yield f"{block.name}__r{k}", False, ld.tensor.name, tuple(evaluate(i, env) for i in ld.indices)
     if block.init is not None and first:
         for k, ld in enumerate(loads(block.init)):

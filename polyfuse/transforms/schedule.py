@@ -329,11 +329,3 @@ _NOT_PRIMITIVES = frozenset({"get_block", "get_loops", "loop", "replay", "exec_p
 
 def _is_primitive(name: str) -> bool:
     return not name.startswith("_") and name not in _NOT_PRIMITIVES and callable(getattr(Schedule, name, None))
-
-
-def register_primitive(name: str) -> None:
-    """Kept until every primitive module stops calling it: replay no longer needs registration."""
-
-
-register_primitive("decompose_reduction")
-register_primitive("rfactor")
