@@ -39,6 +39,8 @@ construction (preconditions 3-5); the rest of the program is checked to keep its
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 from polyfuse import deps
 from polyfuse.deps.islconv import aff_text, build_map, build_set, dim_env, param_env
 from polyfuse.errors import IllegalTransform, InternalError, IRError
@@ -47,14 +49,22 @@ from polyfuse.ir.stmt import (
     REDUCE, SPATIAL, TEMP, Block, IterVar, Loop, Program, Reducer, Stmt, Store, Tensor, builtin_reducer,
 )
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import free_vars, loads, seq, substitute
-from polyfuse.transforms.tree import block_path, blocks_under, find_loop, replace_node
+from polyfuse.ir.visit import free_vars, loads, map_expr, seq, substitute
+from polyfuse.transforms.tree import block_path, blocks_under, find_loop, map_blocks, replace_node
 
 _ASSOCIATIVE_COMMUTATIVE = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 
 
-def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None = None) -> tuple[Program, str]:
-    """Privatize ``block``'s reduction over loop ``loop``; returns the program and the rf block's name."""
+def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None = None,
+            redirect: Collection[str] = ()) -> tuple[Program, str]:
+    """Privatize ``block``'s reduction over loop ``loop``; returns the program and the rf block's name.
+
+    ``redirect`` names blocks under the loop that read the reduction's result and
+    should read their own split's partial result instead (Neptune's REPLACETENSORREADS,
+    used by split-k update): each must have an iteration bound to ``loop`` itself,
+    which indexes the partials.  Their reads then change meaning on purpose; the
+    caller (split-k update) repairs the difference.
+    """
     what = f"rfactor of block {block!r} at loop {loop!r}"
     path, b = block_path(program, block)
     lp = find_loop(program, block, loop)
@@ -73,7 +83,7 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
     red_loops = [s for s in loops if s.var.name in reduce_vars]
     _check_tiles_reduction(program, b, red_loops, what)
     anchor = _anchor(loops, b, red_loops[0])
-    _check_no_other_access(b, anchor, what)
+    _check_no_other_access(b, anchor, what, set(redirect))
     ndim = b.store.tensor.ndim
     axis = ndim if factor_axis is None else factor_axis
     if isinstance(axis, bool) or not isinstance(axis, int) or not 0 <= axis <= ndim:
@@ -91,6 +101,8 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
         if s.var.name in spatial_vars:
             nest = Loop(s.var, s.extent, nest, s.kind, s.thread, s.annotations)
     body = replace_node(program.body, anchor, seq(replace_node(anchor, b, rf_block), nest))
+    for name in redirect:
+        body = map_blocks(body, lambda r, name=name: read_partials(r, x, x_rf, axis, loop, what) if r.name == name else r)
     k = program.tensors.index(x)
     new = program.replace(body=body, tensors=program.tensors[:k] + (x_rf,) + program.tensors[k:])
     validate(new)
@@ -179,12 +191,33 @@ def _position(loops: list[Loop], loop: Loop) -> int:
     return next(k for k, s in enumerate(loops) if s is loop)
 
 
-def _check_no_other_access(b: Block, anchor: Loop, what: str) -> None:
-    """Precondition 5."""
+def read_partials(reader: Block, x: Tensor, x_rf: Tensor, axis: int, loop: str, what: str) -> Block:
+    """``reader`` with its loads of ``x`` replaced by loads of its split's partials in ``x_rf``."""
+    split = [iv.var for iv, bnd in zip(reader.iters, reader.bindings, strict=True)
+             if isinstance(bnd, Var) and bnd.name == loop]
+    if not split:
+        raise IllegalTransform(f"{what}: block {reader.name!r} reads {x.name!r} but has no iteration bound to loop "
+                               f"{loop!r} to say which split's partial result it needs")
+    if reader.init is not None and any(ld.tensor == x for ld in loads(reader.init)):
+        raise IllegalTransform(f"{what}: the init of block {reader.name!r} reads {x.name!r}; it cannot be redirected")
+
+    def swap(e: Expr) -> Expr | None:
+        if isinstance(e, Load) and e.tensor == x:
+            idx = list(e.indices)
+            idx.insert(axis, split[0])
+            return Load(x_rf, tuple(idx))
+        return None
+
+    st = reader.store
+    return reader.replace(store=Store(st.tensor, st.indices, map_expr(st.value, swap)))
+
+
+def _check_no_other_access(b: Block, anchor: Loop, what: str, redirected: set[str]) -> None:
+    """Precondition 5 (blocks being redirected to the partial results excepted)."""
     x = b.store.tensor.name
     init_reads = {ld.tensor.name for ld in loads(b.init)} if b.init is not None else set()
     for other in blocks_under(anchor):
-        if other.name == b.name:
+        if other.name == b.name or other.name in redirected:
             continue
         touched = {ld.tensor.name for e in (other.store.value, other.init) if e is not None for ld in loads(e)}
         if x in touched or other.store.tensor.name == x:
