@@ -349,6 +349,8 @@ class _FromSympy:
         coeff = -coeff if negative else coeff
         num: list[Expr | Number] = [] if coeff == 1 else [self.number(coeff)]
         den: list[Expr | Number] = []
+        ups: list[tuple[sympy.Basic, sympy.Basic]] = []
+        downs: list[tuple[sympy.Basic, sympy.Basic]] = []
         for f in factors:
             base, exp_ = f.as_base_exp()
             if exp_.is_number and exp_.is_negative:
@@ -356,9 +358,23 @@ class _FromSympy:
                 if sig is not None:
                     num.append(sig)
                 else:
-                    den.append(self.power(base, -exp_))
+                    downs.append((base, -exp_))
             else:
-                num.append(self.convert(f))
+                ups.append((base, exp_))
+        ratios: list[Expr | Number] = []
+        # a^e / b^e is computed as (a/b)^e: the quotient of two large (or tiny) powers
+        # overflows (or underflows) long before the power of their ratio does.
+        for base, exp_ in downs:
+            match = next((k for k, (b, e) in enumerate(ups) if e == exp_ and exp_.is_number), None)
+            if match is None:
+                den.append(self.power(base, exp_))
+                continue
+            top, _ = ups.pop(match)
+            ratio = binop("/", self.floating(self.convert(top)), self.floating(self.convert(base)))
+            ratios.append(self.power_of(ratio, exp_))
+        for base, exp_ in ups:
+            num.append(self.convert(sympy.Pow(base, exp_)) if exp_ != 1 else self.convert(base))
+        num.extend(ratios)
         out: Expr | Number = num[0] if num else 1.0
         for v in num[1:]:
             out = binop("*", out, v)
@@ -393,6 +409,16 @@ class _FromSympy:
             return root if exp_.p == 1 else binop("*", self.convert(base), root)
         return binop("pow", self.floating(self.convert(base)), self.number(exp_) if exp_.is_number
                      else self.floating(self.convert(exp_)))
+
+    def power_of(self, value: Expr, exp_: sympy.Basic) -> Expr:
+        """``value ** exp_`` for an IR value and a positive number exponent."""
+        if exp_ == 1:
+            return value
+        if exp_ == 2:
+            return binop("*", value, value)
+        if exp_ == sympy.Rational(1, 2):
+            return call("sqrt", value)
+        return binop("pow", value, self.number(exp_))
 
     def sigmoid_of(self, base: sympy.Basic) -> Expr | None:
         """``1 / (1 + exp(y))`` is ``sigmoid(-y)``."""

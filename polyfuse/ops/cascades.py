@@ -221,15 +221,7 @@ def build_performer(mode: str, sizes: Sizes) -> Program:
     denom = p.temp("denom", (B, H, L), "f32")
     numer = p.temp("numer", (B, H, L, D), "f32")
     out = p.output("out", (B, H, L, D), "f32")
-    # q' = ρ·exp(δ·q·Pᵀ - β·|q|² - max over features)
-    with p.nest("s_qdash", b=B, h=H, i=L, f=F, d=reduce(D)) as (b, h, i, f, d):
-        qdash[b, h, i, f] = qdash[b, h, i, f] + delta * q[b, h, i, d] * proj[f, d]
-    with p.nest("s_qsq", b=B, h=H, i=L, d=reduce(D)) as (b, h, i, d):
-        qsq[b, h, i] = qsq[b, h, i] + q[b, h, i, d] * q[b, h, i, d]
-    with p.nest("s_qmax", b=B, h=H, i=L, f=reduce(F)) as (b, h, i, f):
-        qmax[b, h, i] = maximum(qmax[b, h, i], qdash[b, h, i, f])
-    with p.nest("s_qprime", b=B, h=H, i=L, f=F) as (b, h, i, f):
-        qprime[b, h, i, f] = rho * exp(qdash[b, h, i, f] - beta * qsq[b, h, i] - qmax[b, h, i])
+    # Keys first (FAVOR+ summarises the keys, then queries read the summary).
     # k' = ρ·exp(δ·k·Pᵀ - β·|k|² - max over rows and features)
     with p.nest("s_kdash", b=B, h=H, i=L, f=F, d=reduce(D)) as (b, h, i, f, d):
         kdash[b, h, i, f] = kdash[b, h, i, f] + delta * k[b, h, i, d] * proj[f, d]
@@ -239,11 +231,21 @@ def build_performer(mode: str, sizes: Sizes) -> Program:
         kmax[b, h] = maximum(kmax[b, h], kdash[b, h, i, f])
     with p.nest("s_kprime", b=B, h=H, i=L, f=F) as (b, h, i, f):
         kprime[b, h, i, f] = rho * exp(kdash[b, h, i, f] - beta * ksq[b, h, i] - kmax[b, h])
-    # out = q'·(k'ᵀ·v) / (q'·Σ_i k')
+    # k'ᵀ·v and Σ_i k'
     with p.nest("s_ksum", b=B, h=H, f=F, i=reduce(L)) as (b, h, f, i):
         ksum[b, h, f] = ksum[b, h, f] + kprime[b, h, i, f]
     with p.nest("s_context", b=B, h=H, f=F, e=D, i=reduce(L)) as (b, h, f, e, i):
         context[b, h, f, e] = context[b, h, f, e] + kprime[b, h, i, f] * v[b, h, i, e]
+    # q' = ρ·exp(δ·q·Pᵀ - β·|q|² - max over features)
+    with p.nest("s_qdash", b=B, h=H, i=L, f=F, d=reduce(D)) as (b, h, i, f, d):
+        qdash[b, h, i, f] = qdash[b, h, i, f] + delta * q[b, h, i, d] * proj[f, d]
+    with p.nest("s_qsq", b=B, h=H, i=L, d=reduce(D)) as (b, h, i, d):
+        qsq[b, h, i] = qsq[b, h, i] + q[b, h, i, d] * q[b, h, i, d]
+    with p.nest("s_qmax", b=B, h=H, i=L, f=reduce(F)) as (b, h, i, f):
+        qmax[b, h, i] = maximum(qmax[b, h, i], qdash[b, h, i, f])
+    with p.nest("s_qprime", b=B, h=H, i=L, f=F) as (b, h, i, f):
+        qprime[b, h, i, f] = rho * exp(qdash[b, h, i, f] - beta * qsq[b, h, i] - qmax[b, h, i])
+    # out = q'·(k'ᵀ·v) / (q'·Σ_i k')
     with p.nest("s_denom", b=B, h=H, i=L, f=reduce(F)) as (b, h, i, f):
         denom[b, h, i] = denom[b, h, i] + qprime[b, h, i, f] * ksum[b, h, f]
     with p.nest("s_numer", b=B, h=H, i=L, e=D, f=reduce(F)) as (b, h, i, e, f):

@@ -4,10 +4,11 @@ Neptune's INLINEMAPRETURNREDUCE.  Walking back from the consumer along flow
 dependences, through map-only (spatial) blocks:
 
 - a reduction that is not yet complete when the fused consumer runs is a
-  *producer*: it is not under the rolling loop, or the rolling loop binds one of
-  its reduce iterations (it was fused there already, tile by tile);
-- a reduction under the rolling loop whose reductions finish inside one iteration
-  (``qk`` under the key-tile loop) is complete there: it is an input ``c``;
+  *producer*: the rolling loop binds one of its reduce iterations (it was fused
+  there already, tile by tile), or it is elsewhere and the consumer reads it with
+  one value per consumer element (see :func:`find_producers`);
+- a reduction complete where the consumer runs (``qk`` under the key-tile loop, or
+  ``qk`` read along the key axis) is an input ``c``;
 - a map block is *on a path* when some producer lies behind it; those blocks are
   inlined into the consumer (as a copy: other readers keep them).
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from polyfuse import deps
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt
+from polyfuse.ir.stmt import Block, IterVar, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, seq
 from polyfuse.transforms.inline import compute_inline
 from polyfuse.transforms.tree import block_path, blocks_under, loops_of
@@ -43,33 +44,74 @@ def under(program: Program, block: str, loop: Loop) -> bool:
 
 
 def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
-    """The reductions ``consumer`` needs that are not complete at its fused position (see module docstring)."""
+    """The reductions ``consumer`` needs that are not complete at its fused position (see module docstring).
+
+    A reduction under the rolling loop is a producer iff the loop binds its reduction.
+    One in an earlier top-level nest is complete.  One elsewhere is a producer iff the
+    consumer — with the map blocks in between inlined — reads it only at indices of
+    its own spatial iterations (Neptune's ``X_r[φ_r(i)]``: one producer value per
+    consumer element).  A reduction read
+    along the consumer's reduction axis, like ``qk[.., j]`` in ``Σ_j exp(qk[.., j] - m)``,
+    is an array of inputs ``c``, complete before the consumer needs it.
+    """
     info = deps.analyze(program)
     sources: dict[str, set[str]] = {}
     for d in info.flow:
         if d.source != d.sink:
             sources.setdefault(d.sink, set()).add(d.source)
-    reductions: dict[str, None] = {}
-    maps: dict[str, None] = {}
+    behind: dict[str, set[str]] = {}  # map block -> candidate reductions behind it
 
-    def visit(name: str, seen: frozenset[str]) -> bool:
-        found = False
+    def visit(name: str, seen: frozenset[str]) -> set[str]:
+        found: set[str] = set()
         for src in sorted(sources.get(name, ())):
             if src in seen:
                 continue
             b = program.block(src)
             if b.is_reduction:
-                if under(program, src, loop) and not rolled_by(b, loop.var.name):
-                    continue
-                reductions[src] = None
-                found = True
-            elif visit(src, seen | {src}):
-                maps[src] = None
-                found = True
+                found.add(src)
+            else:
+                sub = visit(src, seen | {src})
+                if sub:
+                    behind[src] = behind.get(src, set()) | sub
+                    found |= sub
         return found
 
-    visit(consumer, frozenset({consumer}))
-    return Producers(tuple(reductions), tuple(maps))
+    candidates = visit(consumer, frozenset({consumer}))
+    trial = inline_paths(program, consumer, tuple(behind))
+    c_block = trial.block(consumer)
+    reduce_names = {iv.var.name for iv in c_block.reduce_iters}
+    reductions = []
+    for r in sorted(candidates, key=[b.name for b in program.blocks()].index):
+        b = program.block(r)
+        if under(program, r, loop):
+            if rolled_by(b, loop.var.name):
+                reductions.append(r)
+            continue
+        if _top_index(program, r) < _top_index(program, loop):
+            continue  # computed entirely in an earlier nest: complete where the consumer runs
+        reads = [ld for ld in _consumer_loads(c_block) if ld.tensor == b.store.tensor]
+        if reads and all(not (free_vars(i) & reduce_names) for ld in reads for i in ld.indices):
+            reductions.append(r)
+    maps = tuple(m for m in behind if behind[m] & set(reductions))
+    return Producers(tuple(reductions), maps)
+
+
+def _top_index(program: Program, target: str | Loop) -> int:
+    """Index of the top-level statement holding block ``target`` (or the loop ``target``)."""
+    top = list(program.body.stmts) if isinstance(program.body, Seq) else [program.body]
+    for k, stmt in enumerate(top):
+        if isinstance(target, str):
+            if any(b.name == target for b in blocks_under(stmt)):
+                return k
+        elif stmt is target or any(x is target for x in _walk_loops(stmt)):
+            return k
+    raise IllegalTransform(f"{target!r} is not in program {program.name!r}")
+
+
+def _walk_loops(stmt: Stmt):
+    from polyfuse.ir.stmt import walk_stmts
+
+    return (s for s in walk_stmts(stmt) if isinstance(s, Loop))
 
 
 def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Program:
@@ -145,10 +187,10 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     from polyfuse.transforms.tree import find_loop, replace_node
 
     consumer = program.block(block)
-    anchor = _anchor(program, consumer, producers, what)
+    anchor, aligned = _anchor(program, consumer, producers, loop, what)
     bindings: dict[str, object] = {}
     p_bind = {iv.var.name: b for iv, b in zip(anchor.iters, anchor.bindings, strict=True)}
-    for civ, piv in zip(consumer.reduce_iters, anchor.reduce_iters, strict=True):
+    for civ, piv in zip(consumer.reduce_iters, aligned, strict=True):
         bindings[civ.var.name] = p_bind[piv.var.name]
     spatial = {iv.var.name for iv in consumer.spatial_iters}
     for ld in loads(consumer.store.value):
@@ -191,12 +233,21 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     return program, deps.check_naive_fusion(deps.analyze(before), program, what=what)
 
 
-def _anchor(program: Program, consumer: Block, producers: list[str], what: str) -> Block:
+def _anchor(program: Program, consumer: Block, producers: list[str], loop: str,
+            what: str) -> tuple[Block, list[IterVar]]:
+    """The producer to align with, and its reduce iterations matching the consumer's.
+
+    All its reduce iterations if their extents equal the consumer's; else those the
+    rolling loop binds (a max over rows and features, rolled over rows, aligns with a
+    sum over rows: the features stay inside each row's iteration)."""
     extents = [iv.extent for iv in consumer.reduce_iters]
     for p in producers:
         b = program.block(p)
         if [iv.extent for iv in b.reduce_iters] == extents:
-            return b
+            return b, list(b.reduce_iters)
+        rolled = [iv for iv, bnd in zip(b.iters, b.bindings, strict=True) if iv.is_reduce and loop in free_vars(bnd)]
+        if [iv.extent for iv in rolled] == extents:
+            return b, rolled
     raise IllegalTransform(f"{what}: no producer ({', '.join(producers) or 'none'}) reduces over the same extents "
                            f"as block {consumer.name!r} ({', '.join(str(e) for e in extents)}), so there is no "
                            "reduction to align it with")

@@ -56,12 +56,13 @@ def compute_inline(program: Program, *, block: str, into: Sequence[str] | None =
     """Substitute spatial block ``block`` into every reader of its tensor and remove it.
 
     With ``into``, only those readers get the substituted expression (a copy); the
-    block and its tensor stay for the other readers and go only when none is left.
+    block and its tensor stay for the other readers and go only when none is left
+    (an output's block always stays, so an output may be copied this way).
     """
     what = f"compute_inline of block {block!r}"
     # Step 1. The producer is a pure function of its iteration variables.
     _, producer = block_path(program, block)
-    tensor = _require_pure_producer(program, producer, what)
+    tensor = _require_pure_producer(program, producer, what, copy=into is not None)
     all_readers = [b for b in program.blocks() if b.name != block and reads_tensor(b, tensor)]
     readers = all_readers if into is None else [b for b in all_readers if b.name in into]
     if into is not None and len(readers) != len(set(into)):
@@ -87,7 +88,7 @@ def compute_inline(program: Program, *, block: str, into: Sequence[str] | None =
         return map_expr(e, lambda n: substitute(st.value, dict(zip(names, n.indices, strict=True)))
                         if isinstance(n, Load) and n.tensor.name == tensor else None)
 
-    keep = len(readers) < len(all_readers)
+    keep = len(readers) < len(all_readers) or producer.store.tensor.role != "temp"
     body = program.body if keep else replace_node(program.body, own_nest(program, block), None)
     body = map_blocks(body, lambda b: map_block_exprs(b, inline) if b.name in {r.name for r in readers} else b)
     tensors = program.tensors if keep else tuple(t for t in program.tensors if t.name != tensor)
@@ -181,14 +182,14 @@ def _require_unchanged(info: deps.Dependences, pairs: isl.Map, elements: isl.Map
                 f"({acc.tag}) after {first!r} and before {later!r}; witness ({later} -> {acc.block}): {witness}")
 
 
-def _require_pure_producer(program: Program, producer: Block, what: str) -> str:
+def _require_pure_producer(program: Program, producer: Block, what: str, copy: bool = False) -> str:
     st = producer.store
     tensor = st.tensor.name
     if producer.is_reduction:
         red = ", ".join(iv.var.name for iv in producer.reduce_iters)
         raise IllegalTransform(f"{what}: block {producer.name!r} is a reduction ({producer.reducer.name} over "  # type: ignore[union-attr]
                                f"{red}); only a spatial block is one expression per element")
-    if st.tensor.role != "temp":
+    if st.tensor.role != "temp" and not copy:
         raise IllegalTransform(f"{what}: block {producer.name!r} writes {st.tensor.role} tensor {tensor!r}, "
                                "which must stay in memory")
     names = [iv.var.name for iv in producer.iters]

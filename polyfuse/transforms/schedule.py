@@ -109,6 +109,7 @@ class Schedule:
         self._original = program
         self._program = program
         self._trace = Trace()
+        self._fusions: list = []
 
     # ------------------------------------------------------------ state
     @property
@@ -314,7 +315,44 @@ class Schedule:
             raise IllegalTransform(f"{primitive}: {loop!r} does not enclose block {block!r}")
 
     # ------------------------------------------------------------ reduction fusion
-    # (rolling_update, split_k_update)
+    def rolling_update(self, block: str, loop: LoopRef, approximate: bool = False) -> str:
+        """Fuse reduction ``block`` under ``loop`` with a derived repair (FlashAttention-like); see
+        :mod:`polyfuse.transforms.rolling_update`.  Returns the block that now holds the repaired update."""
+        from polyfuse.transforms.rolling_update import rolling_update
+
+        args: dict[str, Any] = {"block": block, "loop": loop}
+        if approximate:
+            args["approximate"] = True
+
+        def run(p: Program) -> tuple[Program, str]:
+            new, fusion = rolling_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
+                                         approximate=approximate)
+            self._fusions.append(fusion)
+            return new, block
+
+        return self._apply("rolling_update", args, run)
+
+    def split_k_update(self, block: str, loop: LoopRef, approximate: bool = False) -> str:
+        """Fuse reduction ``block`` with its producers as partials over the split loop ``loop`` and a repaired
+        combine (FlashDecoding-like); see :mod:`polyfuse.transforms.split_k_update`.  Returns the local block."""
+        from polyfuse.transforms.split_k_update import split_k_update
+
+        args: dict[str, Any] = {"block": block, "loop": loop}
+        if approximate:
+            args["approximate"] = True
+
+        def run(p: Program) -> tuple[Program, str]:
+            new, fusion = split_k_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
+                                         approximate=approximate)
+            self._fusions.append(fusion)
+            return new, fusion.created[0] if fusion.created else block
+
+        return self._apply("split_k_update", args, run)
+
+    @property
+    def fusions(self) -> list:
+        """The reduction fusions applied so far (:class:`~polyfuse.transforms.fusion_common.Fusion` records)."""
+        return list(self._fusions)
 
 
 def _one_block(loops: Sequence[LoopRef]) -> str:
@@ -324,7 +362,8 @@ def _one_block(loops: Sequence[LoopRef]) -> str:
 
 
 # Public methods of Schedule that are not schedule primitives (everything else records a step).
-_NOT_PRIMITIVES = frozenset({"get_block", "get_loops", "loop", "replay", "exec_python", "program", "original", "trace"})
+_NOT_PRIMITIVES = frozenset({"get_block", "get_loops", "loop", "replay", "exec_python", "program", "original", "trace",
+                             "fusions"})
 
 
 def _is_primitive(name: str) -> bool:
