@@ -31,17 +31,44 @@ def show(args: argparse.Namespace) -> int:
 
 
 def explain_text(subject: Subject) -> str:
-    """What the dependence analysis says about the operator's program."""
+    """The plain program's blocks and dependences, then the default schedule and each fusion.
+
+    A fusion that is refused raises (NoRepairFound / IllegalTransform): the command exits 3
+    with the failing condition, after printing what the analysis found.
+    """
     from polyfuse import deps
 
-    describe = getattr(deps, "describe", None)
-    if describe is None:
-        raise NotAvailable("explain is not available yet in this version")
-    return describe(subject.program())
+    return deps.describe(subject.program())
+
+
+def fusion_text(subject: Subject) -> str:
+    """The schedule steps applied, and for each reduction fusion: producers, consumer, f, g, h and the
+    dependences the naive fusion broke, each with the repair that covers it."""
+    sch = subject.schedule()
+    lines = ["", "schedule:"] + [f"  {line}" for line in sch.trace.python().splitlines()]
+    for f in sch.fusions:
+        lines += ["", f"{f.kind} of {f.consumer!r} over loop {f.loop!r}:",
+                  f"  producers: {', '.join(f.producers) or '(none: placed under the loop, nothing to repair)'}"]
+        if f.inlined:
+            lines.append(f"  inlined into it (copies): {', '.join(f.inlined)}")
+        if f.repair is not None:
+            d = f.repair.describe()
+            lines += [f"  f = {d['f']}", f"  g = {d['g']}    ({d['producers']}; c: {d['c']})", f"  h = {d['h']}",
+                      f"  proof: {d['cases']}"]
+        for dep in f.broken:
+            head = str(dep).splitlines()[0]
+            lines.append(f"  broken by naive fusion: {head}")
+            lines.append(f"    repaired by h = {f.repair.describe()['h'] if f.repair else '(none)'} applied to "
+                         f"{f.consumer!r}")
+        if f.created:
+            lines.append(f"  new blocks: {', '.join(f.created)}")
+    return "\n".join(lines)
 
 
 def explain(args: argparse.Namespace) -> int:
-    print(explain_text(subject_of(args)))
+    subject = subject_of(args)
+    print(explain_text(subject))
+    print(fusion_text(subject))
     return EXIT_OK
 
 

@@ -8,6 +8,7 @@ yet (exit 4); later pipeline stages become available by adding their entry here.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from polyfuse.errors import PolyfuseError
 from polyfuse.ir import interpret
 from polyfuse.ir.stmt import Program
 from polyfuse.ops.base import Arrays, Comparison, Operator, Sizes
+from polyfuse.ops.schedules import default_schedule
+from polyfuse.transforms.schedule import Schedule
 
 STAGE_NAMES = ("plain", "fused", "tile", "cpp", "cuda", "hip")
 BACKEND_NAMES = ("interp", "fused", "tile", "cpp", "cuda", "hip")
@@ -43,13 +46,33 @@ class Subject:
     def program(self) -> Program:
         return self.op.program(self.mode, **self.sizes)
 
+    def schedule(self) -> Schedule:
+        """The operator's default fused schedule (NoRepairFound / IllegalTransform if it cannot fuse)."""
+        return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())))
+
     def __str__(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
         return f"{self.op.name} mode={self.mode} {sizes}"
 
 
+@functools.lru_cache(maxsize=16)
+def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...]) -> Schedule:
+    op = ops.get(name)
+    return default_schedule(name, mode, op.program(mode, **dict(sizes)))
+
+
 def _plain_source(subject: Subject) -> str:
     return str(subject.program())
+
+
+def _fused_source(subject: Subject) -> str:
+    sch = subject.schedule()
+    steps = "\n".join(f"#   {line}" for line in sch.trace.python().splitlines())
+    return f"# {subject}: the plain program after its default schedule\n{steps}\n{sch.program}"
+
+
+def _interpret_fused(subject: Subject, inputs: Arrays) -> Arrays:
+    return interpret(subject.schedule().program, inputs)
 
 
 def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
@@ -60,10 +83,12 @@ def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
 
 STAGES: dict[str, Callable[[Subject], str]] = {
     "plain": _plain_source,
+    "fused": _fused_source,
 }
 
 BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
     "interp": _interpret_plain,
+    "fused": _interpret_fused,
 }
 
 
