@@ -426,16 +426,33 @@ def test_rfactor_refuses_a_loop_binding_spatial_and_reduce_iterations():
 
 
 @pytest.mark.parametrize("symbolic", [False, True])
-def test_rfactor_refuses_a_split_that_does_not_divide(symbolic):
+def test_rfactor_of_a_split_that_does_not_divide_gives_the_partials_a_predicate(symbolic):
     sch = Schedule(softmax_sum(symbolic=symbolic, n=2, m=10))
     j0, _ = sch.split(sch.loop("s_sum", "j"), [None, 4])
-    before = sch.program
-    with pytest.raises(IllegalTransform) as err:
-        sch.rfactor(j0)
-    text = str(err.value)
-    assert "rfactor of block 's_sum' at loop 'j_0': loops j_0, j_1 run points that are not iterations" in text
-    assert "the split must divide the reduce extent" in text
-    assert sch.program is before and len(sch.trace) == 1
+    sch.rfactor(j0)
+    q = sch.program
+    assert str(q.block("s_sum_rf").where) == f"j_0 * 4 + j_1 < {'M' if symbolic else 10}"
+    assert q.block("s_sum").where is None  # every partial result has an element
+    assert round_trips(q)
+    bound = softmax_sum(symbolic=False, n=2, m=10)
+    assert_regrouped_sum(bound, q, logits(bound), terms=10)
+
+
+def test_rfactor_refuses_partials_that_do_not_start_at_their_first_point():
+    """Over j = 4·j0 + j1 - 1, the partial j0 = 0 holds j = 0..2 at j1 = 1..3: its init (at j1 = 0, which is
+    j = -1, not an iteration) would never run, which no predicate can fix."""
+    p = ProgramBuilder("offset")
+    x = p.input("x", (2, 11), "f32")
+    y = p.output("y", (2,), "f32")
+    with p.loop("i", 2) as i:
+        with p.loop("j0", 3) as j0:
+            with p.loop("j1", 4) as j1:
+                with p.block("s", i=spatial(2, i), j=reduce(11, j0 * 4 + j1 - 1)) as (ii, jj):
+                    y[ii] = y[ii] + x[ii, jj]
+    with pytest.raises(IllegalTransform, match=r"rfactor of block 's' at loop 'j0': the partial results of 's_rf' "
+                                               r"are not all reduced from their loops' first point \(j1 = 0\), "
+                                               r"e.g. those of \{ s_rf\[\d, 0\] \}"):
+        rfactor(p.build(), block="s", loop="j0")
 
 
 def test_rfactor_refuses_when_another_block_reads_the_partial_value():

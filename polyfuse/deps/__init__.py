@@ -11,7 +11,7 @@ dependences.  Modules: :mod:`~polyfuse.deps.islconv` (IR expressions to ISL),
 """
 
 from polyfuse.deps.access import Access
-from polyfuse.deps.analysis import Dependences, analyze
+from polyfuse.deps.analysis import Dependences, analyze, tensors_of
 from polyfuse.deps.dependence import ANTI, FLOW, OUTPUT, Dependence
 from polyfuse.deps.describe import describe
 from polyfuse.deps.domains import domains, iteration_domain
@@ -20,5 +20,5 @@ from polyfuse.deps.schedule import instance_schedule
 
 __all__ = [
     "ANTI", "FLOW", "OUTPUT", "Access", "Dependence", "Dependences", "analyze", "check_naive_fusion", "describe",
-    "domains", "instance_schedule", "iteration_domain", "require_legal", "violated", "violation",
+    "domains", "instance_schedule", "iteration_domain", "require_legal", "tensors_of", "violated", "violation",
 ]

@@ -18,8 +18,7 @@ instance under every schedule).  See :mod:`polyfuse.deps.dependence` for the
 from __future__ import annotations
 
 import functools
-
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -32,6 +31,7 @@ from polyfuse.deps.domains import param_names
 from polyfuse.deps.schedule import instance_schedule
 from polyfuse.errors import InternalError, PolyfuseError
 from polyfuse.ir.stmt import Block, Program
+from polyfuse.ir.visit import loads
 
 
 @dataclass(frozen=True, eq=False)
@@ -175,37 +175,71 @@ class _Classifier:
         return [d for d in (dep(final, temporal=True), dep(rest)) if not d.relation.is_empty()]
 
 
-@functools.lru_cache(maxsize=32)
-def analyze(program: Program) -> Dependences:
+def analyze(program: Program, *, tensors: Collection[str] | None = None,
+            kinds: Collection[str] = (FLOW, ANTI, OUTPUT)) -> Dependences:
     """Domains, tagged accesses, schedule and all direct dependences of ``program``.
 
-    Cached per program (programs are immutable and hash structurally): a schedule
-    step checks legality against the program it started from, which the previous
-    step has usually analysed already.
+    ``tensors`` restricts the analysis to accesses of those tensors (dependences
+    only ever relate accesses of one tensor, so this is exact for them); a step
+    that moves one block can only break dependences on what that block touches.
+    ``kinds`` skips the anti/output computations when only flow is needed.
+    Cached per program (programs are immutable and hash structurally).
     """
+    return _analyze(program, None if tensors is None else frozenset(tensors), frozenset(kinds))
+
+
+def _reversed_time(schedule: isl.UnionMap) -> isl.UnionMap:
+    """``schedule`` with every time coordinate negated (lexicographic order reversed)."""
+    maps: list[isl.Map] = []
+    schedule.foreach_map(maps.append)
+    if not maps:
+        return schedule
+    width = maps[0].dim(isl.dim_type.out)
+    names = ", ".join(f"t{k}" for k in range(width))
+    negated = ", ".join(f"-t{k}" for k in range(width))
+    return schedule.apply_range(isl.UnionMap(f"{{ [{names}] -> [{negated}] }}"))
+
+
+def tensors_of(*blocks: Block) -> frozenset[str]:
+    """The tensors ``blocks`` read or write (for a restricted :func:`analyze`)."""
+    out: set[str] = set()
+    for b in blocks:
+        out.add(b.store.tensor.name)
+        for e in (b.store.value, b.init):
+            if e is not None:
+                out |= {ld.tensor.name for ld in loads(e)}
+    return frozenset(out)
+
+
+@functools.lru_cache(maxsize=64)
+def _analyze(program: Program, tensors: frozenset[str] | None, kinds: frozenset[str]) -> Dependences:
     doms = iteration_domains(program)
     accs = accesses(program, doms)
+    if tensors is not None:
+        accs = tuple(a for a in accs if a.tensor in tensors)
     sched = instance_schedule(program, doms)
     reads = [a for a in accs if a.is_read]
     writes = [a for a in accs if not a.is_read]
     tsched = _tagged_schedule(accs, sched)
     read_map, write_map = tagged_union(reads), tagged_union(writes)
 
+    empty = isl.UnionMap.empty(read_map.get_space())
     flow = (isl.UnionAccessInfo.from_sink(read_map).set_must_source(write_map)
-            .set_schedule_map(tsched).compute_flow())
+            .set_schedule_map(tsched).compute_flow().get_must_dependence()) if FLOW in kinds else empty
     output_map = (isl.UnionAccessInfo.from_sink(write_map).set_must_source(write_map)
-                  .set_schedule_map(tsched).compute_flow().get_must_dependence())
-    # Reads as may-sources of writes: ISL keeps those after the last write before the sink, i.e.
-    # each read paired with the next write.  (With may-sources present ISL no longer reports the
-    # write -> write pairs as must-dependences, hence the separate output computation above.)
-    anti_map = (isl.UnionAccessInfo.from_sink(write_map).set_must_source(write_map).set_may_source(read_map)
-                .set_schedule_map(tsched).compute_flow().get_may_dependence().intersect_domain(read_map.domain()))
+                  .set_schedule_map(tsched).compute_flow().get_must_dependence()) if OUTPUT in kinds else empty
+    # Each read paired with the next write to its element: the last write before the read in
+    # reversed time (every time coordinate negated).  A must-source flow there is much cheaper
+    # than ISL's may-source form (reads as may-sources of writes) and gives the same relation.
+    anti_map = (isl.UnionAccessInfo.from_sink(read_map).set_must_source(write_map)
+                .set_schedule_map(_reversed_time(tsched)).compute_flow().get_must_dependence().reverse()
+                ) if ANTI in kinds else empty
 
     by_tag = {a.tag: a for a in accs}
     classifier = _Classifier(program, by_tag, sched)
     order = {a.tag: k for k, a in enumerate(accs)}
     found: list[Dependence] = []
-    for kind, umap in ((FLOW, flow.get_must_dependence()), (ANTI, anti_map), (OUTPUT, output_map)):
+    for kind, umap in ((FLOW, flow), (ANTI, anti_map), (OUTPUT, output_map)):
         deps = [d for m in _maps(umap) for d in classifier.classify(kind, m)]
         deps.sort(key=lambda d: (order[d.source_ref], order[d.sink_ref], not d.temporal))
         found.extend(deps)

@@ -17,7 +17,7 @@ import islpy as isl
 
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import linear_form
-from polyfuse.ir.expr import BinOp, Expr
+from polyfuse.ir.expr import BinOp, Expr, conjuncts
 
 IslObj = TypeVar("IslObj", isl.Set, isl.Map)
 
@@ -48,6 +48,19 @@ def aff_text(e: Expr, env: Mapping[str, str], *, what: str) -> str:
         mag = str(abs(coeff)) if not base else (base if abs(coeff) == 1 else f"{abs(coeff)}*{base}")
         text += f" {sign} {mag}"
     return f"0{text}" if text else "0"
+
+
+_ISL_COMPARE = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "==": "="}
+
+
+def condition_texts(cond: Expr, env: Mapping[str, str], *, what: str) -> list[str]:
+    """ISL constraints of a conjunction of affine comparisons (a block's ``where``), one per conjunct."""
+    out = []
+    for c in conjuncts(cond):
+        if not (isinstance(c, BinOp) and c.op in _ISL_COMPARE):
+            raise NonAffineIndex(f"{what}: {c} is not a comparison of affine expressions")
+        out.append(f"{aff_text(c.a, env, what=what)} {_ISL_COMPARE[c.op]} {aff_text(c.b, env, what=what)}")
+    return out
 
 
 def _atom_text(atom: BinOp, env: Mapping[str, str], what: str) -> str:
@@ -131,4 +144,4 @@ def dim_env(names: Sequence[str], params: Sequence[str]) -> dict[str, str]:
     return env
 
 
-__all__ = ["aff_text", "build_map", "build_set", "dim_env", "param_env"]
+__all__ = ["aff_text", "build_map", "build_set", "condition_texts", "dim_env", "param_env"]

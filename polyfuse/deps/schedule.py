@@ -5,10 +5,10 @@ interleaved with loop variables, ``(p0, l1, p1, …, ld, pd)``, zero-padded to o
 width for the whole program so that any two instances compare
 lexicographically.  Loops bind block iterations (``i = 4*i0 + i1``), so ISL
 inverts the bindings: ``{loop point -> instance}`` (restricted to the implied
-guard ``0 <= iter < extent``) reversed and composed with ``{loop point -> time}``
-gives ``{instance -> time}``.  Every instance must run exactly once; a program
-where one runs twice or never is malformed and rejected naming the block and an
-instance.
+guard: the iteration domain, ``0 <= iter < extent`` and the block's ``where``)
+reversed and composed with ``{loop point -> time}`` gives ``{instance -> time}``.
+Every instance must run exactly once; a program where one runs twice or never is
+malformed and rejected naming the block and an instance.
 """
 
 from __future__ import annotations

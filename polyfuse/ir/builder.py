@@ -23,6 +23,14 @@ A reduction's reducer is inferred from its store (``x[i] = x[i] + t`` is a sum,
 ``maximum(x[i], t)`` a max …) unless ``reducer=`` is given; ``init`` defaults to
 the reducer's identity, and ``init=NO_INIT`` makes a reduction that accumulates
 into the tensor's current value (what ``decompose_reduction`` leaves behind).
+
+``p.where(cond)`` inside an open block restricts its instances to those where
+``cond`` holds (the block's predicate, see :class:`~polyfuse.ir.stmt.Block`);
+several calls conjoin::
+
+    with p.block("s_rf", i=spatial(N, i), j0=spatial(3, j0), j1=reduce(16, j1)) as (i, j0, j1):
+        p.where(j0 * 16 + j1 < 40)
+        acc[i, j0] = acc[i, j0] + x[i, j0 * 16 + j1]
 """
 
 from __future__ import annotations
@@ -124,6 +132,13 @@ class _OpenBlock:
         self.name, self.iters, self.reducer, self.init = name, iters, reducer, init
         self.store: Store | None = None
         self.block_reducer: Reducer | None = None
+        self.where: Expr | None = None
+
+    def add_where(self, cond: object) -> None:
+        if not isinstance(cond, Expr) or not cond.dtype.is_bool:
+            raise IRError(f"block {self.name!r}: p.where({cond}) needs a boolean condition of its iteration "
+                          "variables, e.g. p.where(j0 * 16 + j1 < 40)")
+        self.where = cond if self.where is None else self.where & cond
 
     def set_store(self, tensor: Tensor, indices: tuple[Expr, ...], value: object) -> None:
         if self.store is not None:
@@ -165,7 +180,7 @@ class _OpenBlock:
         init = None
         if self.block_reducer is not None and self.init is not NO_INIT:
             init = self.block_reducer.identity if self.init is None else cast(self.store.tensor.dtype, self.init)
-        return Block(self.name, self.iters, bindings, self.store, self.block_reducer, init)
+        return Block(self.name, self.iters, bindings, self.store, self.block_reducer, init, self.where)
 
 
 class ProgramBuilder:
@@ -259,6 +274,17 @@ class ProgramBuilder:
         for iv in reversed(ivs):
             stmt = Loop(Var(iv.var.name), iv.extent, stmt)
         self._stack[-1].append(stmt)
+
+    def where(self, cond: Expr) -> None:
+        """Restrict the open block's instances to those where ``cond`` holds (conjoined with earlier calls).
+
+        ``cond`` is a comparison (``<, <=, >, >=, eq``) of affine expressions of the block's
+        iteration variables and sizes, or several joined with ``&``; checked at ``build()``.
+        """
+        blk = _CURRENT.get()
+        if blk is None:
+            raise IRError(f"p.where({cond}) outside of a block; call it inside `with p.block(...)` or `p.nest(...)`")
+        blk.add_where(cond)
 
     def _iter_vars(self, name: str, specs: dict[str, IterSpec]) -> tuple[IterVar, ...]:
         if not specs:

@@ -350,6 +350,13 @@ def ne(a: ExprLike, b: ExprLike) -> Expr:
     return binop("!=", a, b)
 
 
+def conjuncts(cond: Expr) -> list[Expr]:
+    """The operands of a chain of ``and`` (``a & b & c`` -> ``[a, b, c]``); other nodes stand alone."""
+    if isinstance(cond, BinOp) and cond.op == "and":
+        return conjuncts(cond.a) + conjuncts(cond.b)
+    return [cond]
+
+
 def maximum(a: ExprLike, b: ExprLike) -> Expr:
     return binop("max", a, b)
 

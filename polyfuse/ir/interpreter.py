@@ -143,6 +143,8 @@ class _Runner:
             ienv[iv.var.name] = val
             ext = _static(iv.extent, f"block {b.name!r}, extent of {iv.var.name!r}")
             guard = guard & (val >= 0) & (val < ext)
+        if b.where is not None:
+            guard = guard & self.expr(b.where, ienv, b)
         if not np.any(guard):
             return
         st = b.store

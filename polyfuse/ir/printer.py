@@ -4,6 +4,7 @@ The text starts with ``from polyfuse.ir import *`` and defines ``program()``;
 ``exec`` it and call ``program()`` to get the Program back.  Perfect loop nests
 whose loops carry the block's own iteration names print compactly as
 ``p.nest(...)``; everything else prints as explicit ``p.loop`` / ``p.block``.
+A block's predicate prints as ``p.where(...)`` before its store.
 """
 
 from __future__ import annotations
@@ -157,7 +158,7 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> 
         specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, None)}" for iv in b.iters)
         head = f'{pad}with p.nest("{b.name}", {specs}{_reducer_args(b, names)})'
         out.append(f"{head} as {_unpack([iv.var.name for iv in b.iters])}:")
-        _store_line(b, indent + 1, out, names)
+        _body_lines(b, indent + 1, out, names)
     elif isinstance(s, Seq):
         for c in s.stmts:
             _stmt_lines(c, indent, out, names)
@@ -175,12 +176,16 @@ def _stmt_lines(s: Stmt, indent: int, out: list[str], names: dict[str, str]) -> 
         specs = ", ".join(f"{iv.var.name}={_iter_spec(iv, b)}" for iv, b in zip(s.iters, s.bindings, strict=True))
         head = f'{pad}with p.block("{s.name}", {specs}{_reducer_args(s, names)})'
         out.append(f"{head} as {_unpack([iv.var.name for iv in s.iters])}:")
-        _store_line(s, indent + 1, out, names)
+        _body_lines(s, indent + 1, out, names)
     else:
         raise TypeError(f"cannot print {type(s).__name__}")
 
 
-def _store_line(b: Block, indent: int, out: list[str], names: dict[str, str]) -> None:
+def _body_lines(b: Block, indent: int, out: list[str], names: dict[str, str]) -> None:
+    """The block's predicate (``p.where(...)``), if any, then its store."""
+    pad = "    " * indent
+    if b.where is not None:
+        out.append(f"{pad}p.where({expr_to_str(b.where, 0, names)})")
     st = b.store
     idx = ", ".join(expr_to_str(i) for i in st.indices)
     target = names.get(st.tensor.name, st.tensor.name)

@@ -7,7 +7,9 @@ program's rounding behaviour never changes.
 
 from __future__ import annotations
 
-from polyfuse.ir.expr import BinOp, Const, Expr
+import functools
+
+from polyfuse.ir.expr import BinOp, Const, Expr, conjuncts, logical_and
 from polyfuse.ir.visit import children, with_children
 
 
@@ -58,3 +60,19 @@ def simplify(e: Expr) -> Expr:
     if e.op == "%" and isinstance(b, Const) and b.value == 1:
         return Const(0, e.dtype)
     return e
+
+
+_COMPARE = {"<": int.__lt__, "<=": int.__le__, ">": int.__gt__, ">=": int.__ge__, "==": int.__eq__}
+
+
+def simplify_condition(cond: Expr) -> Expr | None:
+    """A conjunction of integer comparisons with its operands simplified and the
+    comparisons of constants that hold dropped; None when every conjunct holds."""
+    kept = []
+    for c in conjuncts(cond):
+        c = simplify(c)
+        if (isinstance(c, BinOp) and c.op in _COMPARE and isinstance(c.a, Const) and isinstance(c.b, Const)
+                and c.a.dtype.is_int and _COMPARE[c.op](int(c.a.value), int(c.b.value))):
+            continue
+        kept.append(c)
+    return functools.reduce(logical_and, kept) if kept else None

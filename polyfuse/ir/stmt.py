@@ -5,13 +5,22 @@ variables (spatial or reduce) and exactly one store.  Loops only *bind* a
 block's iteration variables to affine expressions of the enclosing loop
 variables, so a block instance keeps its identity however its loops are later
 split, reordered or fused.  A block executes at a loop point iff the bound
-values lie inside its iteration domain (the box of its iteration extents); this
-guard is implied, never stored.
+values lie inside its iteration domain; this guard is implied, never stored.
+
+The iteration domain is the box of the iteration extents intersected with the
+block's predicate ``where`` when it has one: a conjunction (``&``) of
+comparisons (``<, <=, >, >=, eq``) of quasi-affine integer expressions of its
+iteration variables and the sizes.  Instances where it is false do not exist.
+It is what a box cannot say, e.g. the partial results of a reduction over
+``j = j0*16 + j1 < 40`` after ``rfactor`` over ``j0`` (``where j0*16 + j1 < 40``).
 
 A reduction block carries its :class:`Reducer` and an ``init`` value: before the
 first update (all reduce iterations at 0) the output element is set to ``init``.
 A reduction whose ``init`` is None accumulates into the element's current value
 (its init was split off into a block of its own by ``decompose_reduction``).
+With a ``where``, every spatial point that has an instance must have its first
+one (all reduce iterations 0, where ``where`` holds), or its init would never
+run; :func:`~polyfuse.ir.validate.validate` checks this.
 """
 
 from __future__ import annotations
@@ -187,6 +196,7 @@ class Block(Stmt):
     store: Store
     reducer: Reducer | None = None
     init: Expr | None = None
+    where: Expr | None = None
 
     @property
     def is_reduction(self) -> bool:
@@ -212,6 +222,21 @@ class Block(Stmt):
             return None
         acc = Load(self.store.tensor, self.store.indices)
         return self.reducer.match(self.store.value, acc)
+
+    def origin_where(self) -> Expr | None:
+        """``where`` with every reduce iteration at 0, simplified (None when nothing is left).
+
+        A condition on the spatial iterations: the points whose first reduce instance
+        exists.  For a reduction with an init (validated), exactly the points that have
+        an instance at all, so it is the domain of an init or of a per-element block.
+        """
+        if self.where is None:
+            return None
+        from polyfuse.ir.simplify import simplify_condition
+        from polyfuse.ir.visit import substitute
+
+        zero = {iv.var.name: Const(0, iv.var.dtype) for iv in self.reduce_iters}
+        return simplify_condition(substitute(self.where, zero))
 
     def replace(self, **changes: object) -> Block:
         return _replace(self, changes)

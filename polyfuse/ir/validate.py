@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from polyfuse.errors import IRError
 from polyfuse.ir.affine import check_affine
-from polyfuse.ir.expr import BinOp, Call, Cast, Expr, Load, Select
+from polyfuse.ir.expr import BinOp, Call, Cast, Expr, Load, Select, conjuncts
 from polyfuse.ir.stmt import THREAD_TAGS, Block, Loop, Program, Seq, Stmt, Tensor, LOOP_KINDS, BOUND
 from polyfuse.ir.visit import walk_expr
 
@@ -54,6 +54,7 @@ def validate(program: Program) -> Program:
             visit(s.body, loop_vars + [name])
         elif isinstance(s, Block):
             _check_block(s, loop_vars, params, check_expr, tensors)
+            _check_where(s, tuple(p.name for p in program.params))
             if s.name in seen_blocks:
                 raise IRError(f"program {program.name!r} has two blocks named {s.name!r}")
             seen_blocks.add(s.name)
@@ -100,6 +101,31 @@ def _check_block(b: Block, loop_vars: list[str], params: set[str], check_expr, t
             check_expr(b.init, f"{where}, init", {iv.var.name for iv in b.spatial_iters} | params)
     elif b.init is not None:
         raise IRError(f"{where} has an init value but is not a reduction")
+
+
+WHERE_OPS = ("<", "<=", ">", ">=", "==")
+
+
+def _check_where(b: Block, params: tuple[str, ...]) -> None:
+    """``where`` is a conjunction of comparisons of quasi-affine expressions of the block's
+    iteration variables and the sizes; a reduction with an init keeps every first instance."""
+    if b.where is None:
+        return
+    what = f"block {b.name!r}, where"
+    if not isinstance(b.where, Expr) or not b.where.dtype.is_bool:
+        dtype = b.where.dtype if isinstance(b.where, Expr) else type(b.where).__name__
+        raise IRError(f"{what}: the predicate {b.where} is a {dtype}, not a boolean condition")
+    scope = {iv.var.name for iv in b.iters} | set(params)
+    for c in conjuncts(b.where):
+        if not (isinstance(c, BinOp) and c.op in WHERE_OPS):
+            raise IRError(f"{what}: {c} is not a comparison; a predicate is a conjunction (&) of comparisons "
+                          f"({', '.join(WHERE_OPS)}) of affine integer expressions")
+        for side in (c.a, c.b):
+            check_affine(side, allowed=scope, what=f"{what} {c}")
+    if b.init is not None and b.reduce_iters:
+        from polyfuse.deps.domains import require_init_origins  # ISL; deps builds on the IR, so imported late
+
+        require_init_origins(b, params)
 
 
 def _check_access(t: Tensor, indices, where: str, scope: set[str], tensors: dict) -> None:

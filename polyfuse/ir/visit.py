@@ -124,13 +124,14 @@ def map_stmt(stmt: Stmt, fn: Callable[[Stmt], Stmt | None]) -> Stmt:
 
 
 def map_block_exprs(block: Block, fn: Callable[[Expr], Expr]) -> Block:
-    """Apply ``fn`` to every expression of a block (extents, bindings, store, init)."""
+    """Apply ``fn`` to every expression of a block (extents, bindings, store, init, where)."""
     st = block.store
     return block.replace(
         iters=tuple(IterVar(iv.var, fn(iv.extent), iv.kind) for iv in block.iters),
         bindings=tuple(fn(b) for b in block.bindings),
         store=Store(st.tensor, tuple(fn(i) for i in st.indices), fn(st.value)),
         init=None if block.init is None else fn(block.init),
+        where=None if block.where is None else fn(block.where),
     )
 
 

@@ -70,7 +70,8 @@ NAIVE = "naive"
 def compute_at(program: Program, *, block: str, loop_block: str, loop: str) -> Program:
     """Move producer ``block`` under loop ``loop`` (enclosing ``loop_block``), before its first reader there."""
     what = f"compute_at of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
-    return verify(program, _place(program, block, loop_block, loop, reverse=False, what=what), what=what)
+    return verify(program, _place(program, block, loop_block, loop, reverse=False, what=what), what=what,
+                  moved=[block])
 
 
 def reverse_compute_at(program: Program, *, block: str, loop_block: str, loop: str, check: str = FULL) -> Program:
@@ -85,7 +86,8 @@ def reverse_compute_at(program: Program, *, block: str, loop_block: str, loop: s
         raise IllegalTransform(f"reverse_compute_at of block {block!r}: check must be {FULL!r} or {NAIVE!r}, "
                                f"got {check!r}")
     what = f"reverse_compute_at of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
-    return verify(program, _place(program, block, loop_block, loop, reverse=True, what=what), what=what)
+    return verify(program, _place(program, block, loop_block, loop, reverse=True, what=what), what=what,
+                  moved=[block])
 
 
 def naive_reverse_compute_at(program: Program, *, block: str, loop_block: str,
@@ -96,7 +98,8 @@ def naive_reverse_compute_at(program: Program, *, block: str, loop_block: str,
     """
     what = f"naive reverse_compute_at of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
     new = validate(_place(program, block, loop_block, loop, reverse=True, what=what))
-    return new, deps.check_naive_fusion(deps.analyze(program), new, what=what)
+    info = deps.analyze(program, tensors=deps.tensors_of(program.block(block)))
+    return new, deps.check_naive_fusion(info, new, what=what)
 
 
 # ------------------------------------------------------------------ tree helpers (shared with inline, cache)

@@ -54,7 +54,7 @@ def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
     along the consumer's reduction axis, like ``qk[.., j]`` in ``Σ_j exp(qk[.., j] - m)``,
     is an array of inputs ``c``, complete before the consumer needs it.
     """
-    info = deps.analyze(program)
+    info = deps.analyze(program, kinds=(deps.FLOW,))
     sources: dict[str, set[str]] = {}
     for d in info.flow:
         if d.source != d.sink:
@@ -77,8 +77,7 @@ def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
         return found
 
     candidates = visit(consumer, frozenset({consumer}))
-    trial = inline_paths(program, consumer, tuple(behind))
-    c_block = trial.block(consumer)
+    c_block = _substituted(program, consumer, tuple(behind))
     reduce_names = {iv.var.name for iv in c_block.reduce_iters}
     reductions = []
     for r in sorted(candidates, key=[b.name for b in program.blocks()].index):
@@ -94,6 +93,22 @@ def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
             reductions.append(r)
     maps = tuple(m for m in behind if behind[m] & set(reductions))
     return Producers(tuple(reductions), maps)
+
+
+def _substituted(program: Program, consumer: str, maps: tuple[str, ...]) -> Block:
+    """The consumer with the map blocks substituted into it (no checks: only its loads are looked at)."""
+    from polyfuse.ir.expr import Load
+    from polyfuse.ir.visit import map_block_exprs, map_expr, substitute
+
+    block = program.block(consumer)
+    stores = {program.block(m).store.tensor.name: program.block(m).store for m in maps}
+    for _ in range(len(maps) + 1):
+        def inline(e):
+            return map_expr(e, lambda n: substitute(stores[n.tensor.name].value, dict(zip(
+                [i.name for i in stores[n.tensor.name].indices], n.indices, strict=True)))  # type: ignore[attr-defined]
+                if isinstance(n, Load) and n.tensor.name in stores else None)
+        block = map_block_exprs(block, inline)
+    return block
 
 
 def _top_index(program: Program, target: str | Loop) -> int:
@@ -230,7 +245,8 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     from polyfuse.ir.validate import validate
 
     validate(program)
-    return program, deps.check_naive_fusion(deps.analyze(before), program, what=what)
+    info = deps.analyze(before, tensors=deps.tensors_of(before.block(block)))
+    return program, deps.check_naive_fusion(info, program, what=what)
 
 
 def _anchor(program: Program, consumer: Block, producers: list[str], loop: str,

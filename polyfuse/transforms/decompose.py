@@ -19,8 +19,10 @@ Before / after (``decompose_reduction(block="s_sum", loop="j")``)::
 
 The init block ``<block>_init`` has the block's spatial iterations with the same bindings, under copies of the
 loops from the given loop inward that bind them (loops binding only reduce iterations are dropped), and is
-placed right before that loop.  The update keeps its instances and its reducer; its init becomes None, which
-the IR reads as "accumulate into the tensor's current value".
+placed right before that loop.  With a ``where``, the init block's is the update's with every reduce iteration at
+0: exactly the elements that have updates (the first one of each exists, see :class:`~polyfuse.ir.stmt.Block`).
+The update keeps its instances and its reducer; its init becomes None, which the IR reads as "accumulate into
+the tensor's current value".
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from __future__ import annotations
 import islpy as isl
 
 from polyfuse import deps
-from polyfuse.deps.domains import first_reduce_instances
+from polyfuse.deps.domains import first_reduce_instances, param_names, prune_where
 from polyfuse.deps.islconv import build_map
 from polyfuse.errors import IllegalTransform
+from polyfuse.ir.expr import Expr, conjuncts
 from polyfuse.ir.stmt import Block, Loop, Program, Stmt, Store
 from polyfuse.ir.visit import free_vars, loads, seq
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, replace_node
@@ -77,6 +80,8 @@ def decompose_reduction(program: Program, *, block: str, loop: str) -> tuple[Pro
     init_block = Block(name, b.spatial_iters,
                        tuple(bnd for iv, bnd in zip(b.iters, b.bindings, strict=True) if not iv.is_reduce),
                        Store(b.store.tensor, b.store.indices, b.init))
+    if b.where is not None:
+        init_block = init_block.replace(where=_init_where(program, b, init_block))
     nest: Stmt = init_block
     for s in reversed(loops[pos:]):
         if s.var.name in spatial_loops:
@@ -86,6 +91,12 @@ def decompose_reduction(program: Program, *, block: str, loop: str) -> tuple[Pro
     verify(program, new, what=what)
     _require_init_reaches_first_updates(new, b, name, what)
     return new, name
+
+
+def _init_where(program: Program, b: Block, init_block: Block) -> Expr | None:
+    """The elements ``b`` updates: its ``where`` at the first update (every reduce iteration 0)."""
+    first = b.origin_where()
+    return None if first is None else prune_where(init_block, conjuncts(first), param_names(program))
 
 
 def _loop_vars(b: Block, *, reduce: bool) -> set[str]:

@@ -22,7 +22,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Const, Expr, Var, const
 from polyfuse.ir.stmt import SERIAL, Loop, Program
 from polyfuse.transforms.tree import fresh_loop_name, loops_of, rebind, replace_node
-from polyfuse.transforms.verify import verify
+from polyfuse.transforms.split import _validated
 
 
 def fuse(program: Program, *, block: str, loops: Sequence[str], name: str | None = None) -> Program:
@@ -56,4 +56,4 @@ def fuse(program: Program, *, block: str, loops: Sequence[str], name: str | None
         mapping[lp.var.name] = v if k == len(segment) - 1 else v % ext
         stride *= ext
     new_loop = Loop(fused, const(stride), rebind(segment[-1].body, mapping))
-    return verify(program, program.replace(body=replace_node(program.body, segment[0], new_loop)), what=where)
+    return _validated(program.replace(body=replace_node(program.body, segment[0], new_loop)), where)

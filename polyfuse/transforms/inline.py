@@ -70,7 +70,7 @@ def compute_inline(program: Program, *, block: str, into: Sequence[str] | None =
         raise IllegalTransform(f"{what}: block(s) {', '.join(missing)} do not read {tensor!r}")
 
     # Step 2. Every read of the tensor sees P's value, and P's inputs do not change before it is read.
-    info = deps.analyze(program)
+    info = deps.analyze(program, tensors=deps.tensors_of(producer, *readers))
     p_write = _access(info, block, write=True)
     for r in readers:
         for a in _reads(info, r.name, tensor):
@@ -118,7 +118,7 @@ def reverse_compute_inline(program: Program, *, block: str) -> Program:
                                "merging needs one element per instance")
 
     # Step 2. The instances correspond one to one, and nothing in between sees the move.
-    info = deps.analyze(program)
+    info = deps.analyze(program, tensors=deps.tensors_of(producer, program.block(block)))
     p_write = _access(info, producer.name, write=True)
     reads = _reads(info, block, tensor)
     pairs = p_write.relation.apply_range(reads[0].relation.reverse())

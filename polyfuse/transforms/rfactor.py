@@ -11,8 +11,10 @@ Preconditions (checked first):
   2. its reducer is known to be associative and commutative: sum, prod, max or min (the partial results
      combine in a different order);
   3. the loop binds a reduce iteration of the block and no spatial one, and no other loop binds both;
-  4. every point of the loops binding the reduction is an iteration of the reduction — the split that made
-     them divides the reduce extent (the new blocks' domains are boxes; the IR has no block predicate);
+  4. the rf block's instances are the points of the loops binding the reduction whose reduce values are
+     iterations of the block: its ``where`` says so (``j_0 * 16 + j_1 < 40`` after ``split(j, [None, 16])``
+     of 40; nothing when the split divides).  When it reduces over inner loops, each partial result with
+     an instance must have its first one (reduce iterations 0), where its init runs — refused otherwise;
   5. no other block inside the combine's placement (see below) reads or writes ``X`` or writes what the
      init reads: the partial values of ``X`` disappear and its final value appears later.
 
@@ -35,6 +37,11 @@ combine runs in a new nest right after the outermost loop that holds nothing but
 further in, after the outermost loop binding the reduction): copies of the loops in between that bind
 spatial iterations, then the rfactored loop.  The rf block's instances are new, so legality holds by
 construction (preconditions 3-5); the rest of the program is checked to keep its dependences.
+
+A partial result with no element (``split(j, [4, None])`` of 5: ``j_0 = 3`` covers 6, 7) is never written, so
+the combine must not use it: it gets a ``where`` saying which partials exist (``j_0 * 2 < 5``), or, where
+that would exclude the first instance its init runs at, takes the reducer's identity for the missing ones
+(``select(cond, X_rf[...], identity)``).
 """
 
 from __future__ import annotations
@@ -42,9 +49,10 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from polyfuse import deps
-from polyfuse.deps.islconv import aff_text, build_map, build_set, dim_env, param_env
+from polyfuse.deps.domains import missing_init_origins, param_names, prune_where
+from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
 from polyfuse.errors import IllegalTransform, InternalError, IRError
-from polyfuse.ir.expr import BinOp, Expr, Load, Var
+from polyfuse.ir.expr import BinOp, Expr, Load, Var, conjuncts, select
 from polyfuse.ir.stmt import (
     REDUCE, SPATIAL, TEMP, Block, IterVar, Loop, Program, Reducer, Stmt, Store, Tensor, builtin_reducer,
 )
@@ -81,7 +89,6 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
         raise IllegalTransform(f"{what}: loop {mixed[0]!r} binds spatial iterations of {block!r} as well as "
                                "reduce ones; rfactor before fusing them")
     red_loops = [s for s in loops if s.var.name in reduce_vars]
-    _check_tiles_reduction(program, b, red_loops, what)
     anchor = _anchor(loops, b, red_loops[0])
     _check_no_other_access(b, anchor, what, set(redirect))
     ndim = b.store.tensor.ndim
@@ -94,15 +101,17 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
     shape = list(x.shape)
     shape.insert(axis, lp.extent)
     x_rf = Tensor(_fresh(f"{x.name}_rf", {t.name for t in program.tensors}), tuple(shape), x.dtype, TEMP)
-    rf_block = _rf_block(b, term, lp, red_loops, x_rf, axis, rf_name, {p.name for p in program.params})
-    combine = _combine_block(b, lp, x_rf, axis)
+    params = param_names(program)
+    rf_block = _rf_block(b, term, lp, red_loops, x_rf, axis, rf_name, params, what)
+    combine = _combine_block(b, lp, x_rf, axis, rf_block, params)
     nest: Stmt = Loop(Var(loop), lp.extent, combine)
     for s in reversed(loops[_position(loops, anchor):]):
         if s.var.name in spatial_vars:
             nest = Loop(s.var, s.extent, nest, s.kind, s.thread, s.annotations)
     body = replace_node(program.body, anchor, seq(replace_node(anchor, b, rf_block), nest))
     for name in redirect:
-        body = map_blocks(body, lambda r, name=name: read_partials(r, x, x_rf, axis, loop, what) if r.name == name else r)
+        body = map_blocks(body, lambda r, name=name: (read_partials(r, x, x_rf, axis, loop, what)
+                                                      if r.name == name else r))
     k = program.tensors.index(x)
     new = program.replace(body=body, tensors=program.tensors[:k] + (x_rf,) + program.tensors[k:])
     validate(new)
@@ -157,25 +166,6 @@ def _loop_vars(b: Block, *, reduce: bool) -> set[str]:
         if iv.is_reduce == reduce:
             out |= free_vars(bnd)
     return out
-
-
-def _check_tiles_reduction(program: Program, b: Block, red_loops: list[Loop], what: str) -> None:
-    """Precondition 4: the box of the loops binding the reduction maps into the reduce iteration box."""
-    params = tuple(p.name for p in program.params)
-    names = [s.var.name for s in red_loops]
-    env, penv = dim_env(names, params), param_env(params)
-    bounds = [f"0 <= _a{k} < {aff_text(s.extent, penv, what=what)}" for k, s in enumerate(red_loops)]
-    reduce = [(iv, bnd) for iv, bnd in zip(b.iters, b.bindings, strict=True) if iv.is_reduce]
-    image = build_map(params, names, [aff_text(bnd, env, what=what) for _, bnd in reduce], bounds)
-    box = build_set(params, None, [iv.var.name for iv, _ in reduce],
-                    [f"0 <= _a{k} < {aff_text(iv.extent, penv, what=what)}" for k, (iv, _) in enumerate(reduce)])
-    outside = image.intersect_range(box.complement())
-    if not outside.is_empty():
-        point = outside.wrap().sample_point()
-        raise IllegalTransform(
-            f"{what}: loops {', '.join(names)} run points that are not iterations of the reduction "
-            f"(e.g. {point}); the split must divide the reduce extent — pick a factor that divides it, or bind "
-            "the sizes first (the rf block's domain must be a box)")
 
 
 def _anchor(loops: list[Loop], b: Block, outer_reduce: Loop) -> Loop:
@@ -240,9 +230,9 @@ def _fresh(base: str, taken: set[str]) -> str:
 
 
 def _rf_block(b: Block, term: Expr, lp: Loop, red_loops: list[Loop], x_rf: Tensor, axis: int, name: str,
-              params: set[str]) -> Block:
-    """``X_rf[idx, r] = X_rf[idx, r] ⊕ g`` over the other loops binding the reduction."""
-    taken = {iv.var.name for iv in b.spatial_iters} | params
+              params: tuple[str, ...], what: str) -> Block:
+    """``X_rf[idx, r] = X_rf[idx, r] ⊕ g`` over the other loops binding the reduction (precondition 4)."""
+    taken = {iv.var.name for iv in b.spatial_iters} | set(params)
     iter_of: dict[str, str] = {}
     for s in red_loops:
         iter_of[s.var.name] = _fresh(s.var.name, taken)
@@ -258,17 +248,33 @@ def _rf_block(b: Block, term: Expr, lp: Loop, red_loops: list[Loop], x_rf: Tenso
     iters = [iv for iv, _ in spatial] + [IterVar(Var(iter_of[lp.var.name]), lp.extent, SPATIAL)]
     bindings = [bnd for _, bnd in spatial] + [Var(lp.var.name)]
     rest = [s for s in red_loops if s is not lp]
-    if not rest:
-        return Block(name, tuple(iters), tuple(bindings), Store(x_rf, tuple(idx), g))
-    iters += [IterVar(Var(iter_of[s.var.name]), s.extent, REDUCE) for s in rest]
-    bindings += [Var(s.var.name) for s in rest]
     r = b.reducer
     assert r is not None
-    return Block(name, tuple(iters), tuple(bindings), Store(x_rf, tuple(idx), r.apply(acc, g)), r, r.identity)
+    if rest:
+        iters += [IterVar(Var(iter_of[s.var.name]), s.extent, REDUCE) for s in rest]
+        bindings += [Var(s.var.name) for s in rest]
+        out = Block(name, tuple(iters), tuple(bindings), Store(x_rf, tuple(idx), r.apply(acc, g)), r, r.identity)
+    else:
+        out = Block(name, tuple(iters), tuple(bindings), Store(x_rf, tuple(idx), g))
+    # Its instances: the loop points whose reduce values are iterations of ``b``.
+    conds: list[Expr] = []
+    for iv in b.reduce_iters:
+        conds += [values[iv.var.name] >= 0, values[iv.var.name] < iv.extent]
+    if b.where is not None:
+        conds += conjuncts(substitute(b.where, values))
+    out = out.replace(where=prune_where(out, conds, params))
+    missing = missing_init_origins(out, params)
+    if not missing.is_empty():
+        raise IllegalTransform(
+            f"{what}: the partial results of {name!r} are not all reduced from their loops' first point "
+            f"({', '.join(f'{s.var.name} = 0' for s in rest)}), e.g. those of {missing.sample_point()}, where "
+            f"its init would run (its instances: {out.where}); split so that the inner loops start every "
+            "partial, or rfactor an outer loop")
+    return out
 
 
-def _combine_block(b: Block, lp: Loop, x_rf: Tensor, axis: int) -> Block:
-    """``X[idx] = X[idx] ⊕ X_rf[idx, r]`` over ``r`` (reduce), with the original init."""
+def _combine_block(b: Block, lp: Loop, x_rf: Tensor, axis: int, rf: Block, params: tuple[str, ...]) -> Block:
+    """``X[idx] = X[idx] ⊕ X_rf[idx, r]`` over ``r`` (reduce), with the original init (see the module docstring)."""
     r = b.reducer
     assert r is not None
     spatial = [(iv, bnd) for iv, bnd in zip(b.iters, b.bindings, strict=True) if not iv.is_reduce]
@@ -276,10 +282,25 @@ def _combine_block(b: Block, lp: Loop, x_rf: Tensor, axis: int) -> Block:
     idx = list(b.store.indices)
     idx.insert(axis, Var(it))
     acc = Load(b.store.tensor, b.store.indices)
-    value = r.apply(acc, Load(x_rf, tuple(idx)))
+    partial: Expr = Load(x_rf, tuple(idx))
     iters = tuple(iv for iv, _ in spatial) + (IterVar(Var(it), lp.extent, REDUCE),)
     bindings = tuple(bnd for _, bnd in spatial) + (Var(lp.var.name),)
-    return Block(b.name, iters, bindings, Store(b.store.tensor, b.store.indices, value), r, b.init)
+    out = Block(b.name, iters, bindings, Store(b.store.tensor, b.store.indices, r.apply(acc, partial)), r, b.init)
+    # The partial results that exist: the rf block's points (with its inner reduce iterations at 0, where the
+    # first instance of each partial is), in the combine's names.
+    split_iter = next(iv.var for iv, bnd in zip(rf.iters, rf.bindings, strict=True)
+                      if not iv.is_reduce and bnd == Var(lp.var.name))
+    exists = rf.origin_where() if rf.is_reduction else rf.where
+    if exists is None:
+        return out
+    found = prune_where(out, conjuncts(substitute(exists, {split_iter: Var(it)})), params)
+    if found is None:
+        return out
+    guarded = out.replace(where=found)
+    if b.init is None or missing_init_origins(guarded, params).is_empty():
+        return guarded
+    term = select(found, partial, r.identity)
+    return out.replace(store=Store(b.store.tensor, b.store.indices, r.apply(acc, term)))
 
 
 def _verify_rest(before: Program, after: Program, block: str, what: str) -> None:
@@ -288,7 +309,11 @@ def _verify_rest(before: Program, after: Program, block: str, what: str) -> None
         schedule = deps.instance_schedule(after, deps.domains(after))
     except IRError as err:
         raise InternalError(f"{what} built a malformed program: {err}") from err
-    old = deps.analyze(before)
+    # Only accesses of the reduced tensor (and of what its init reads) can be affected: the rf
+    # block takes the block's place and loads, and the combine nest sits right after the anchor.
+    b = before.block(block)
+    touched = {b.store.tensor.name} | ({ld.tensor.name for ld in loads(b.init)} if b.init is not None else set())
+    old = deps.analyze(before, tensors=touched)
     broken = [v for d in old.all if block not in (d.source, d.sink) and (v := deps.violation(d, schedule))]
     if broken:
         report = "\n".join(f"  {v}" for v in broken)

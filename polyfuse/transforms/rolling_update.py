@@ -43,7 +43,8 @@ from __future__ import annotations
 
 
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir.expr import Load, Var, eq, select
+from polyfuse.deps.domains import param_names, prune_where
+from polyfuse.ir.expr import Load, Var, conjuncts, eq, select
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import free_vars
@@ -156,6 +157,11 @@ def _keep_previous(program: Program, producer: str, loop_block: str, loop: str) 
     identity = p.reducer.identity  # type: ignore[union-attr]
     value = select(eq(step, 0), identity, Load(x, p.store.indices))
     saver = Block(f"{producer}_save", iters, bindings, Store(prev, p.store.indices, value))
+    # Only the producer's elements (with an init, its first instances exist exactly where it has any),
+    # so the saver reads no element the producer never writes.
+    first = p.origin_where() if p.init is not None else None
+    if first is not None:
+        saver = saver.replace(where=prune_where(saver, conjuncts(first), param_names(program)))
     nest = saver
     for copy in reversed(spatial_loops_between(program, producer, lp)):
         nest = Loop(copy.var, copy.extent, nest)  # type: ignore[assignment]

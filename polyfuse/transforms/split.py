@@ -25,7 +25,6 @@ from polyfuse.ir.expr import Const, Expr, Var, const
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import SERIAL, Loop, Program, Stmt
 from polyfuse.transforms.tree import find_loop, fresh_loop_name, rebind, replace_node
-from polyfuse.transforms.verify import verify
 
 
 def split(program: Program, *, block: str, loop: str, factors: Sequence[int | None],
@@ -52,7 +51,22 @@ def split(program: Program, *, block: str, loop: str, factors: Sequence[int | No
     body: Stmt = rebind(lp.body, {loop: simplify(value)})
     for name, ext in reversed(list(zip(names, extents, strict=True))):
         body = Loop(Var(name), ext, body)
-    return verify(program, program.replace(body=replace_node(program.body, lp, body)), what=where)
+    # Iterations keep their order: validation (which includes the exact-cover check of the
+    # schedule, via deps) is all a split needs.
+    return _validated(program.replace(body=replace_node(program.body, lp, body)), where)
+
+
+def _validated(program: Program, what: str) -> Program:
+    from polyfuse import deps
+    from polyfuse.errors import IRError
+    from polyfuse.ir.validate import validate
+
+    validate(program)
+    try:
+        deps.instance_schedule(program, deps.domains(program))
+    except IRError as err:
+        raise IllegalTransform(f"{what}: {err}") from err
+    return program
 
 
 def _factor_extents(extent: Expr, factors: list[int | None], where: str) -> list[Expr]:
