@@ -155,3 +155,22 @@ def _blocks(loop: Loop):
     from polyfuse.transforms.tree import blocks_under
 
     return blocks_under(loop)
+
+
+@pytest.mark.parametrize("name, mode", CASES)
+def test_fused_program_prints_as_builder_python_that_rebuilds_it(name, mode):
+    from polyfuse.ir.printer import print_program, program_from_source
+
+    program = fused(name, mode).program
+    assert program_from_source(print_program(program)) == program
+
+
+@pytest.mark.parametrize("name, mode", [("softmax_sum", "default"), ("attn_causal", "prefill"),
+                                        ("attn_window", "decode")])
+def test_fusion_trace_replays_to_the_same_program(name, mode):
+    from polyfuse.transforms import Schedule
+
+    sch = fused(name, mode)
+    again = Schedule(ops.get(name).program(mode)).replay(sch.trace.to_json())
+    assert again.program == sch.program
+    assert Schedule(ops.get(name).program(mode)).exec_python(sch.trace.python()).program == sch.program

@@ -126,6 +126,15 @@ def record_store(tensor: Tensor, idx: object, value: object) -> None:
     blk.set_store(tensor, _indices(tensor, idx), value)
 
 
+def _is_update(reducer: Reducer, value: Expr, acc: Load) -> bool:
+    """``value`` is ``a ⊕ b`` with the accumulator read inside ``a`` or ``b``: the repaired update of a
+    fused reduction (``X = G(h(X, r, r')) ⊕ rest``), which only an explicit ``reducer=`` admits."""
+    from polyfuse.ir.visit import loads, match_pattern
+
+    bound = match_pattern(reducer.combine, value, fixed={}, wildcards=(reducer.lhs, reducer.rhs))
+    return bound is not None and acc in loads(value)
+
+
 class _OpenBlock:
     def __init__(self, name: str, iters: tuple[IterVar, ...], reducer: Reducer | str | None,
                  init: ExprLike | _NoInit | None):
@@ -151,7 +160,7 @@ class _OpenBlock:
             return
         acc = Load(tensor, indices)
         red = self._reducer(tensor, acc, v)
-        if red.match(v, acc) is None:
+        if red.match(v, acc) is None and not (self.reducer is not None and _is_update(red, v, acc)):
             raise IRError(
                 f"block {self.name!r} has reduce iterations but its store {tensor.name}[...] = {v} is not "
                 f"of the form {tensor.name}[...] = {red.name}({tensor.name}[...], term)"

@@ -111,7 +111,7 @@ def _reducer_args(b: Block, names: dict[str, str]) -> str:
     r, st = b.reducer, b.store
     args = []
     inferred = None
-    if isinstance(st.value, BinOp):
+    if isinstance(st.value, BinOp) and b.reduce_term() is not None:
         inferred = reducer_for_op(st.value.op, st.tensor.dtype)
     if r != inferred:
         args.append(f"reducer={_reducer_text(r)}")
