@@ -104,9 +104,14 @@ def _spatial_points(block: Block, instances: isl.Set) -> isl.Set:
 
 
 def domains(program: Program) -> dict[str, isl.Set]:
-    """Iteration domain of every block, by block name, in program order."""
+    """Iteration domain of every block, by block name, in program order (cached per program)."""
+    return dict(_domains(program))
+
+
+@functools.lru_cache(maxsize=64)
+def _domains(program: Program) -> tuple[tuple[str, isl.Set], ...]:
     params = param_names(program)
-    return {b.name: iteration_domain(b, params) for b in program.blocks()}
+    return tuple((b.name, iteration_domain(b, params)) for b in program.blocks())
 
 
 __all__ = ["domains", "first_reduce_instances", "iteration_domain", "missing_init_origins", "param_names",

@@ -13,6 +13,8 @@ malformed and rejected naming the block and an instance.
 
 from __future__ import annotations
 
+import functools
+from types import MappingProxyType
 from collections.abc import Iterator, Mapping
 
 import islpy as isl
@@ -20,6 +22,7 @@ import islpy as isl
 from polyfuse.deps.domains import param_names
 from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
 from polyfuse.errors import IRError
+from polyfuse.ir.expr import Var
 from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt
 
 
@@ -48,7 +51,19 @@ def _depth(program: Program) -> int:
 
 def block_schedule(block: Block, loops: tuple[Loop, ...], path: tuple[int, ...], params: tuple[str, ...],
                    domain: isl.Set, width: int) -> isl.Map:
-    """``{ B[iters] -> [time] }`` for one block placed under ``loops`` at sequence ``path``."""
+    """``{ B[iters] -> [time] }`` for one block placed under ``loops`` at sequence ``path``.
+
+    The result depends on the loops only through their variables and extents, so it is
+    cached on those (not on the loop bodies): a schedule step rebuilds few blocks' maps.
+    """
+    headers = tuple((lp.var.name, lp.extent) for lp in loops)
+    return _block_schedule(block, headers, path, params, domain, width)
+
+
+@functools.lru_cache(maxsize=1024)
+def _block_schedule(block: Block, headers: tuple[tuple[str, object], ...], path: tuple[int, ...],
+                    params: tuple[str, ...], domain: isl.Set, width: int) -> isl.Map:
+    loops = [_Header(name, extent) for name, extent in headers]
     if len(block.bindings) != len(block.iters):
         raise IRError(f"block {block.name!r} has {len(block.iters)} iteration variables "
                       f"but {len(block.bindings)} bindings")
@@ -70,6 +85,14 @@ def block_schedule(block: Block, loops: tuple[Loop, ...], path: tuple[int, ...],
     return point_to_instance.reverse().apply_range(point_to_time)
 
 
+class _Header:
+    """A loop's variable and extent: all a block's schedule needs of it."""
+
+    def __init__(self, name: str, extent: object):
+        self.var = Var(name)
+        self.extent = extent
+
+
 def _check_executed_once(block: Block, point_to_instance: isl.Map, domain: isl.Set) -> None:
     """Each instance of the block's domain runs at exactly one loop point."""
     missing = domain.subtract(point_to_instance.range())
@@ -88,11 +111,23 @@ def _check_executed_once(block: Block, point_to_instance: isl.Map, domain: isl.S
 
 
 def instance_schedule(program: Program, domains: Mapping[str, isl.Set]) -> dict[str, isl.Map]:
-    """``{ B[iters] -> [time] }`` for every block, all times of one width."""
+    """``{ B[iters] -> [time] }`` for every block, all times of one width.
+
+    ``domains`` must be the program's own (``deps.domains(program)``): the result is
+    cached per program, since every legality check of a schedule step needs it again.
+    """
+    return dict(_instance_schedule(program, tuple(domains.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _instance_schedule(program: Program, domains: tuple[tuple[str, isl.Set], ...]) -> MappingProxyType:
+    doms = dict(domains)
     params = param_names(program)
     width = 2 * _depth(program) + 1
-    return {b.name: block_schedule(b, loops, path, params, domains[b.name], width)
+    maps = {b.name: block_schedule(b, loops, path, params, doms[b.name], width)
             for b, loops, path in _placements(program.body)}
+    return MappingProxyType(maps)
+
 
 
 __all__ = ["block_schedule", "instance_schedule"]

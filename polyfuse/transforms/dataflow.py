@@ -54,11 +54,7 @@ def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
     along the consumer's reduction axis, like ``qk[.., j]`` in ``Σ_j exp(qk[.., j] - m)``,
     is an array of inputs ``c``, complete before the consumer needs it.
     """
-    info = deps.analyze(program, kinds=(deps.FLOW,))
-    sources: dict[str, set[str]] = {}
-    for d in info.flow:
-        if d.source != d.sink:
-            sources.setdefault(d.sink, set()).add(d.source)
+    sources = _writers_before(program)
     behind: dict[str, set[str]] = {}  # map block -> candidate reductions behind it
 
     def visit(name: str, seen: frozenset[str]) -> set[str]:
@@ -93,6 +89,21 @@ def find_producers(program: Program, consumer: str, loop: Loop) -> Producers:
             reductions.append(r)
     maps = tuple(m for m in behind if behind[m] & set(reductions))
     return Producers(tuple(reductions), maps)
+
+
+def _writers_before(program: Program) -> dict[str, set[str]]:
+    """For each block, the earlier blocks that write a tensor it reads (the block-level dataflow graph).
+
+    Coarser than the instance-level flow dependences, and enough here: every candidate
+    it yields is classified by placement and by how the consumer reads it.
+    """
+    writers: dict[str, list[str]] = {}
+    out: dict[str, set[str]] = {}
+    for b in program.blocks():
+        reads = {ld.tensor.name for ld in _consumer_loads(b)}
+        out[b.name] = {w for t in reads for w in writers.get(t, ()) if w != b.name}
+        writers.setdefault(b.store.tensor.name, []).append(b.name)
+    return out
 
 
 def _substituted(program: Program, consumer: str, maps: tuple[str, ...]) -> Block:
