@@ -174,3 +174,13 @@ def test_fusion_trace_replays_to_the_same_program(name, mode):
     again = Schedule(ops.get(name).program(mode)).replay(sch.trace.to_json())
     assert again.program == sch.program
     assert Schedule(ops.get(name).program(mode)).exec_python(sch.trace.python()).program == sch.program
+
+
+@pytest.mark.parametrize("name, mode", ATTENTION)
+def test_no_query_by_key_intermediate_remains(name, mode):
+    op = ops.get(name)
+    sizes = op.sizes(mode)
+    sq, skv = (1, sizes["Skv"]) if mode == "decode" else (sizes.get("Sq", 1), sizes["Skv"])
+    for t in fused(name, mode).program.temps:
+        dims = [int(d.value) for d in t.shape]
+        assert not (skv in dims and (sq in dims or mode == "decode")), f"{t.name} {dims} is a full score matrix"

@@ -222,6 +222,12 @@ def _independent(loop: Loop) -> bool:
     """True if the loop's iterations touch disjoint elements of everything written inside it."""
     v = loop.var.name
     inner = {s.var.name for s in walk_stmts(loop.body) if isinstance(s, Loop)}
+    ranges = {v: _const_or_none(loop.extent)}
+    for s in walk_stmts(loop.body):
+        if isinstance(s, Loop):
+            ext = _const_or_none(s.extent)
+            ranges[s.var.name] = None if ext is None or ranges.get(s.var.name, 0) is None else max(
+                ext, ranges.get(s.var.name, 0) or 0)
     blocks = [s for s in walk_stmts(loop.body) if isinstance(s, Block)]
     written = {b.store.tensor.name for b in blocks}
     accesses: dict[str, list[tuple[Expr, ...]]] = {name: [] for name in written}
@@ -233,11 +239,59 @@ def _independent(loop: Loop) -> bool:
                 refs += [(ld.tensor.name, ld.indices) for ld in loads(expr)]
         for name, idx in refs:
             if name in accesses:
-                accesses[name].append(tuple(substitute(i, binding) for i in idx))
+                accesses[name].append(tuple(_fold_div_mod(substitute(i, binding), ranges) for i in idx))
     for idx_list in accesses.values():
         if not any(_separating_dim(idx_list, d, v, inner) for d in range(len(idx_list[0]))):
             return False
     return True
+
+
+def _const_or_none(e: Expr) -> int | None:
+    return int(e.value) if isinstance(e, Const) else None
+
+
+def _fold_div_mod(e: Expr, ranges: dict[str, int | None]) -> Expr:
+    """``(d·q + r) % d`` -> ``r`` and ``(d·q + r) // d`` -> ``q`` when ``0 <= r < d`` over the loop ranges.
+
+    Compacted buffers are indexed like ``i % 8`` with ``i = 8·i_0 + ax0``; folded, the
+    index is ``ax0`` and the ``ax0`` loop can run as one NumPy axis.
+    """
+    from polyfuse.ir.visit import map_expr
+
+    def fold(n: Expr) -> Expr | None:
+        if not (isinstance(n, BinOp) and n.op in ("%", "//") and isinstance(n.b, Const)):
+            return None
+        d = int(n.b.value)
+        inner = _fold_div_mod(n.a, ranges)
+        try:
+            form = linear_form(inner)
+        except PolyfuseError:
+            return None
+        q = {k: c // d for k, c in form.items() if k != 1 and c % d == 0}
+        r = {k: c for k, c in form.items() if k == 1 or c % d != 0}
+        low = high = r.get(1, 0)
+        for k, c in r.items():
+            if k == 1:
+                continue
+            if not isinstance(k, str) or ranges.get(k) is None:
+                return None
+            top = c * (ranges[k] - 1)  # type: ignore[operator]
+            low, high = low + min(0, top), high + max(0, top)
+        if low < 0 or high >= d:
+            return None
+        return _from_form(r if n.op == "%" else q, n.dtype)
+
+    return map_expr(e, fold)
+
+
+def _from_form(form: dict, dtype) -> Expr:
+    out: Expr = Const(0, dtype)
+    for k, c in form.items():
+        term: Expr = Const(c, dtype) if k == 1 else (Var(k, dtype) if isinstance(k, str) else k)
+        if k != 1 and c != 1:
+            term = BinOp("*", Const(c, dtype), term)
+        out = term if out == Const(0, dtype) else BinOp("+", out, term)
+    return out
 
 
 def _separating_dim(idx_list: list[tuple[Expr, ...]], d: int, v: str, inner: set[str]) -> bool:

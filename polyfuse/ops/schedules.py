@@ -4,7 +4,9 @@
 operator's steps.  Attention prefill becomes one fused nest per query tile with a
 rolling loop over key tiles (FlashAttention); attention decode becomes split-k
 partial nests plus combines (FlashDecoding); the other operators fuse their
-reduction chains into a single pass where a repair exists.  Where none exists
+reduction chains into a single pass where a repair exists.  Every schedule ends
+by compacting the temporaries to what one iteration uses (no S×S score matrix
+remains in fused attention).  Where no repair exists
 (``variance``, ``inertia``, ``quant_gemm_fp8``) the fusion step raises
 ``NoRepairFound`` with the failing condition, and nothing is mis-compiled.
 """
@@ -91,4 +93,5 @@ def default_schedule(name: str, mode: str, program: Program) -> Schedule:
         raise PolyfuseError(f"operator {name!r} has no default schedule for mode {mode!r}")
     sch = Schedule(program)
     plan(sch)
+    sch.compact_buffers()
     return sch

@@ -349,6 +349,13 @@ class Schedule:
 
         return self._apply("split_k_update", args, run)
 
+    def compact_buffers(self) -> None:
+        """Shrink each temporary to the region one iteration of its allocation loop uses (run it last:
+        see :mod:`polyfuse.transforms.compact`)."""
+        from polyfuse.transforms.compact import compact_buffers
+
+        self._apply("compact_buffers", {}, compact_buffers)
+
     @property
     def fusions(self) -> list:
         """The reduction fusions applied so far (:class:`~polyfuse.transforms.fusion_common.Fusion` records)."""
