@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 
 from polyfuse import ops
-from polyfuse.cli.commands import EXIT_FAIL, EXIT_OK, explain_text
+from polyfuse.cli.commands import EXIT_FAIL, EXIT_OK, fusion_text
 from polyfuse.cli.devices import cuda_gpu_count
 from polyfuse.cli.stages import NotAvailable, Subject, check_backend, require_stage
 from polyfuse.errors import BackendUnavailable, PolyfuseError
@@ -36,7 +36,7 @@ def _shown(target: str) -> tuple[tuple[str, str, Callable[[Subject], str]], ...]
     """(step, heading, text) in order: the user's program, the fusion's explanation, each stage."""
     return (
         ("plain", "plain program", _stage("plain")),
-        ("explain", "explain", explain_text),
+        ("explain", "fusion: schedule steps, derived repair terms, broken dependences", fusion_text),
         ("fused", "fused program", _stage("fused")),
         ("tile", "tile program", _stage("tile")),
         (target, f"{target} kernel source", _stage(target)),
