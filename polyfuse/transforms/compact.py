@@ -120,7 +120,8 @@ def compact_buffers(program: Program) -> Program:
 def compaction(program: Program) -> Compaction:
     """:func:`compact_buffers` with its report: each temporary compacted (old and new shape, loop) or kept."""
     # Step 1. Check, per temporary: the allocation loop, the box, the new index of every access.
-    info = deps.analyze(program)
+    # Only flow dependences of the temporaries decide where a temporary can live.
+    info = deps.analyze(program, tensors={t.name for t in program.temps}, kinds=(deps.FLOW,))
     params = param_names(program)
     placed = [(b, loops_of(program, b.name)) for b in program.blocks()]
     plans: list[_Plan] = []
