@@ -36,7 +36,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Expr, conjuncts
 from polyfuse.ir.stmt import Block, Loop, Program, Stmt, Store
 from polyfuse.ir.visit import free_vars, loads, seq
-from polyfuse.transforms.tree import block_path, blocks_under, find_loop, replace_node
+from polyfuse.transforms.tree import binding_loop_vars, block_path, blocks_under, find_loop, replace_node
 from polyfuse.transforms.verify import verify
 
 
@@ -56,8 +56,8 @@ def decompose_reduction(program: Program, *, block: str, loop: str) -> tuple[Pro
         raise IllegalTransform(f"{what}: block {block!r} stores at indices that use reduce iteration(s) "
                                f"{', '.join(sorted(in_store - spatial))}, so it is not an ordinary reduction")
     pos = next(k for k, s in enumerate(loops) if s is lp)
-    spatial_loops = _loop_vars(b, reduce=False)
-    reduce_loops = _loop_vars(b, reduce=True)
+    spatial_loops = binding_loop_vars(b, reduce=False)
+    reduce_loops = binding_loop_vars(b, reduce=True)
     above = [s.var.name for s in loops[:pos] if s.var.name in reduce_loops]
     if above:
         raise IllegalTransform(f"{what}: loop {above[-1]!r} is outside {loop!r} and binds a reduce iteration of "
@@ -97,15 +97,6 @@ def _init_where(program: Program, b: Block, init_block: Block) -> Expr | None:
     """The elements ``b`` updates: its ``where`` at the first update (every reduce iteration 0)."""
     first = b.origin_where()
     return None if first is None else prune_where(init_block, conjuncts(first), param_names(program))
-
-
-def _loop_vars(b: Block, *, reduce: bool) -> set[str]:
-    """Loop variables used by the bindings of ``b``'s reduce (or spatial) iterations."""
-    out: set[str] = set()
-    for iv, bnd in zip(b.iters, b.bindings, strict=True):
-        if iv.is_reduce == reduce:
-            out |= free_vars(bnd)
-    return out
 
 
 def _require_init_reaches_first_updates(new: Program, b: Block, init_name: str, what: str) -> None:

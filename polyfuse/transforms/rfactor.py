@@ -58,7 +58,7 @@ from polyfuse.ir.stmt import (
 )
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import free_vars, loads, map_expr, seq, substitute
-from polyfuse.transforms.tree import block_path, blocks_under, find_loop, map_blocks, replace_node
+from polyfuse.transforms.tree import binding_loop_vars, block_path, blocks_under, find_loop, map_blocks, replace_node
 
 _ASSOCIATIVE_COMMUTATIVE = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 
@@ -78,8 +78,8 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
     lp = find_loop(program, block, loop)
     loops = [s for s in path if isinstance(s, Loop)]
     term = _check_reduction(program, b, what)
-    spatial_vars = _loop_vars(b, reduce=False)
-    reduce_vars = _loop_vars(b, reduce=True)
+    spatial_vars = binding_loop_vars(b, reduce=False)
+    reduce_vars = binding_loop_vars(b, reduce=True)
     if loop not in reduce_vars:
         binds = "spatial iterations only" if loop in spatial_vars else "no iteration"
         raise IllegalTransform(f"{what}: loop {loop!r} binds {binds} of {block!r}, not a reduce iteration; "
@@ -157,15 +157,6 @@ def _associative_commutative(r: Reducer) -> bool:
     if not isinstance(c, BinOp) or c.op not in _ASSOCIATIVE_COMMUTATIVE or {c.a, c.b} != {r.lhs, r.rhs}:
         return False
     return r.identity == builtin_reducer(_ASSOCIATIVE_COMMUTATIVE[c.op], r.dtype).identity
-
-
-def _loop_vars(b: Block, *, reduce: bool) -> set[str]:
-    """Loop variables used by the bindings of ``b``'s reduce (or spatial) iterations."""
-    out: set[str] = set()
-    for iv, bnd in zip(b.iters, b.bindings, strict=True):
-        if iv.is_reduce == reduce:
-            out |= free_vars(bnd)
-    return out
 
 
 def _anchor(loops: list[Loop], b: Block, outer_reduce: Loop) -> Loop:

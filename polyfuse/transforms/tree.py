@@ -13,7 +13,7 @@ from polyfuse.errors import IllegalTransform, InternalError
 from polyfuse.ir.expr import Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt, walk_stmts
-from polyfuse.ir.visit import map_block_exprs, seq, substitute
+from polyfuse.ir.visit import free_vars, map_block_exprs, seq, substitute
 
 
 def block_path(program: Program, block: str) -> tuple[list[Stmt], Block]:
@@ -99,6 +99,15 @@ def rebind(stmt: Stmt, mapping: Mapping[str, Expr]) -> Stmt:
     return map_blocks(stmt, fix)
 
 
+def binding_loop_vars(b: Block, *, reduce: bool) -> set[str]:
+    """Loop variables used by the bindings of ``b``'s reduce (or spatial) iterations."""
+    out: set[str] = set()
+    for iv, bnd in zip(b.iters, b.bindings, strict=True):
+        if iv.is_reduce == reduce:
+            out |= free_vars(bnd)
+    return out
+
+
 def loop_names(stmt: Stmt) -> set[str]:
     return {s.var.name for s in walk_stmts(stmt) if isinstance(s, Loop)}
 
@@ -134,6 +143,6 @@ def rename_iter_free(stmt: Stmt, old: str, new: str) -> Stmt:
 
 
 __all__ = [
-    "block_path", "blocks_under", "find_loop", "fresh_loop_name", "loop_names", "loops_of", "map_blocks",
-    "map_block_exprs", "rebind", "rename_iter_free", "replace_node",
+    "binding_loop_vars", "block_path", "blocks_under", "find_loop", "fresh_loop_name", "loop_names", "loops_of",
+    "map_blocks", "map_block_exprs", "rebind", "rename_iter_free", "replace_node",
 ]
