@@ -185,11 +185,9 @@ def test_explain_shows_dependences_then_the_fusion(capsys):
     assert "broken by naive fusion: flow s_max -> s_sum on xmax (temporal)" in out
 
 
-@pytest.mark.parametrize("name, fragment", [("variance", "several inverses that disagree"),
-                                            ("quant_gemm_fp8", "rounding is not invertible")])
-def test_explain_exits_3_naming_the_failed_repair_condition(capsys, name, fragment):
-    code, out, err = cli(capsys, "explain", name)
-    assert code == 3 and fragment in err
+def test_explain_exits_3_naming_the_failed_repair_condition(capsys):
+    code, out, err = cli(capsys, "explain", "quant_gemm_fp8")
+    assert code == 3 and "rounding is not invertible" in err
 
 
 # ------------------------------------------------------------------ demo

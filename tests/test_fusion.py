@@ -16,7 +16,7 @@ from polyfuse.ir.stmt import Loop, Seq
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.transforms.tree import loops_of
 
-REFUSED = {"variance", "inertia", "quant_gemm_fp8"}
+REFUSED = {"quant_gemm_fp8"}
 CASES = [(name, mode) for name in ops.names() for mode in ops.get(name).modes if name not in REFUSED]
 ATTENTION = [(n, m) for n, m in CASES if n.startswith("attn")]
 
@@ -141,8 +141,6 @@ def test_decode_attention_has_local_and_global_nests(name):
 
 
 @pytest.mark.parametrize("name, fragment", [
-    ("variance", "several inverses that disagree"),
-    ("inertia", "cannot be inverted in a single c"),
     ("quant_gemm_fp8", "rounding is not invertible"),
 ])
 def test_operators_without_a_repair_are_refused_with_the_reason(name, fragment):
@@ -184,3 +182,32 @@ def test_no_query_by_key_intermediate_remains(name, mode):
     for t in fused(name, mode).program.temps:
         dims = [int(d.value) for d in t.shape]
         assert not (skv in dims and (sq in dims or mode == "decode")), f"{t.name} {dims} is a full score matrix"
+
+
+@pytest.mark.parametrize("name, consumer, count", [("variance", "s_var", 2), ("layernorm_stats", "s_var", 2),
+                                                    ("inertia", "s_inertia", 4)])
+def test_polynomial_terms_fuse_with_auxiliary_accumulators(name, consumer, count):
+    r = _h(name, "default", consumer)
+    assert len(r.auxiliaries) == count and r.state
+    fusion = next(f for f in fused(name, "default").fusions if f.consumer == consumer)
+    names = {b.name for b in fused(name, "default").program.blocks()}
+    assert {f"{consumer}_{a.name}" for a in r.auxiliaries} <= names
+    assert {f"{consumer}_{a.name}" for a in r.auxiliaries} <= set(fusion.created)
+    program = fused(name, "default").program
+    top = program.body.stmts if isinstance(program.body, Seq) else (program.body,)
+    assert len([s for s in top if any(b.reducer is not None for b in _blocks_of(s))]) == 1, "one pass"
+
+
+def test_variance_state_repair_is_welford():
+    r = _h("variance", "default", "s_var")
+    (m,), (m2,) = r.old, r.new
+    a1, a2 = r.state
+    assert sympy.expand(r.h - (r.t + a1 * (m2 - m) + a2 * (m2 - m) ** 2)) == 0
+    assert sympy.expand(r.auxiliaries[0].repair.h - (r.t + 2 * a2 * (m2 - m))) == 0
+    assert r.auxiliaries[1].repair.is_identity
+
+
+def _blocks_of(stmt):
+    from polyfuse.transforms.tree import blocks_under
+
+    return blocks_under(stmt)

@@ -55,6 +55,13 @@ def fusion_text(subject: Subject) -> str:
             d = f.repair.describe()
             lines += [f"  f = {d['f']}", f"  g = {d['g']}    ({d['producers']}; c: {d['c']})", f"  h = {d['h']}",
                       f"  proof: {d['cases']}"]
+            if f.repair.auxiliaries:
+                lines.append("  no single repair h(t, r, r') exists; g is a polynomial in the producers, so the "
+                             "state (X, " + ", ".join(map(str, f.repair.state)) + ") is repaired as a whole "
+                             "with these auxiliary reductions:")
+                lines += [f"    {s} ~ {aux.describe()}" for s, aux in zip(f.repair.state, f.repair.auxiliaries,
+                                                                            strict=True)]
+        lines += [f"  {note}" for note in f.notes]
         for dep in f.broken:
             head = str(dep).splitlines()[0]
             lines.append(f"  broken by naive fusion: {head}")

@@ -299,3 +299,63 @@ register(Operator(
     defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
     magnitudes=INERTIA_OFFSETS,
 ))
+
+
+# ------------------------------------------------------------------ layernorm_stats
+
+LAYERNORM_EPS = 1e-5
+LAYERNORM_OFFSETS = (1.0, 1e4)
+"""Magnitudes of ``layernorm_stats`` are a common offset of the rows (spread 1), as for ``variance``."""
+
+
+def build_layernorm_stats(mode: str, sizes: Sizes) -> Program:
+    p = ProgramBuilder("layernorm_stats")
+    N, M = sizes["N"], sizes["M"]
+    x = p.input("x", (N, M), "f32")
+    mean = p.output("mean", (N,), "f32")
+    var = p.output("var", (N,), "f32")
+    y = p.output("y", (N, M), "f32")
+    with p.nest("s_mean", i=N, j=reduce(M)) as (i, j):
+        mean[i] = mean[i] + x[i, j] / M
+    with p.nest("s_var", i=N, j=reduce(M)) as (i, j):
+        var[i] = var[i] + (x[i, j] - mean[i]) * (x[i, j] - mean[i]) / M
+    with p.nest("s_norm", i=N, j=M) as (i, j):
+        y[i, j] = (x[i, j] - mean[i]) / sqrt(var[i] + LAYERNORM_EPS)
+    return p.build()
+
+
+def make_layernorm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
+    """``magnitude`` + U(-sqrt 3, sqrt 3): a common offset with unit variance."""
+    x = magnitude + rng.uniform(-SPREAD, SPREAD, (sizes["N"], sizes["M"]))
+    return {"x": x.astype(np.float32)}
+
+
+def ref_layernorm_stats(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    x = inputs["x"].astype(np.float64)
+    mean, var = x.mean(axis=1), x.var(axis=1)
+    return {"mean": mean, "var": var, "y": (x - mean[:, None]) / np.sqrt(var[:, None] + LAYERNORM_EPS)}
+
+
+def tol_layernorm_stats(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
+    M = sizes["M"]
+    delta = _mean_error(M, LAYERNORM_OFFSETS)
+    # y: x - mean is off by δ (the subtraction itself is exact near the offset), var + eps relatively by
+    # (M + 4)·U32 (halved by sqrt, plus sqrt and the division); the sample variance of M >= 8 draws of
+    # unit variance is >= 1/4 here, so 1/sqrt(var + eps) <= 2.
+    return {"mean": (delta, 0.0), "var": (2 * delta ** 2, (M + 3) * U32), "y": (2 * delta, ((M + 4) / 2 + 3) * U32)}
+
+
+register(Operator(
+    name="layernorm_stats",
+    description="LayerNorm statistics of x[N, M]: mean = Σ_j x / M, var = Σ_j (x - mean)² / M, "
+                "y = (x - mean) / sqrt(var + eps) (eps = 1e-5)",
+    build=build_layernorm_stats, make_inputs=make_layernorm_inputs, reference=ref_layernorm_stats,
+    tolerance=tol_layernorm_stats,
+    tolerance_note="f32, U32 = 2^-24 per rounding. mean: x/M and the sum, off by δ <= M·U32·max|x| (atol δ); "
+                   "var as for variance: rtol (M + 3)·U32, atol 2·δ²; y = (x - mean)/sqrt(var + eps): the "
+                   "difference is exact up to δ and 1/sqrt(var + eps) <= 2 for these draws (atol 2δ), the "
+                   "relative error of var + eps is halved by sqrt, plus sqrt, the division and the subtraction: "
+                   "rtol ((M + 4)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
+                   "magnitude, so it covers the largest).",
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS,
+))

@@ -4,10 +4,11 @@
 operator's steps.  Attention prefill becomes one fused nest per query tile with a
 rolling loop over key tiles (FlashAttention); attention decode becomes split-k
 partial nests plus combines (FlashDecoding); the other operators fuse their
-reduction chains into a single pass where a repair exists.  Every schedule ends
-by compacting the temporaries to what one iteration uses (no S×S score matrix
-remains in fused attention).  Where no repair exists
-(``variance``, ``inertia``, ``quant_gemm_fp8``) the fusion step raises
+reduction chains into a single pass where a repair exists — for ``variance``,
+``inertia`` and ``layernorm_stats`` a state repair with auxiliary accumulators
+(:mod:`~polyfuse.transforms.auxiliary`).  Every schedule ends by compacting the
+temporaries to what one iteration uses (no S×S score matrix remains in fused
+attention).  Where no repair exists (``quant_gemm_fp8``) the fusion step raises
 ``NoRepairFound`` with the failing condition, and nothing is mis-compiled.
 """
 
@@ -70,6 +71,7 @@ _PLANS: dict[tuple[str, str], _Plan] = {
     ("sum_sum", "default"): _rolling(("s_scaled_dot",), "s_sumsq", "j"),
     ("variance", "default"): _rolling(("s_var",), "s_mean", "j"),
     ("inertia", "default"): _rolling(("s_center", "s_inertia"), "s_mass", "n"),
+    ("layernorm_stats", "default"): _rolling(("s_var",), "s_mean", "j"),
     ("moe_routing", "default"): _rolling(("s_sum",), "s_max", "j"),
     ("quant_gemm", "default"): _rolling(("s_gemm",), "s_amax", "k"),
     ("quant_gemm_fp8", "default"): _rolling(("s_gemm",), "s_amax", "k"),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from polyfuse.deps.dependence import Dependence
 from polyfuse.errors import IllegalTransform, InternalError
-from polyfuse.ir.expr import Const, Load, eq, logical_or, select
+from polyfuse.ir.expr import Const, Expr, Load, eq, logical_or, select
 from polyfuse.ir.stmt import Block, Program, Store
 from polyfuse.ir.visit import free_vars, loads
 from polyfuse.transforms.repair import Repair, result_sign, solve_repair
@@ -27,6 +28,7 @@ class Fusion:
     broken: tuple[Dependence, ...]
     repair: Repair | None
     created: tuple[str, ...]
+    notes: tuple[str, ...] = ()
 
 
 def solve_for(program: Program, block: str, producers: list[str], *, approximate: bool,
@@ -47,7 +49,7 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
     repair = solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
                           nonnegative=[ld for ld, s in signs.items() if s == "nonnegative"],
                           positive=[ld for ld, s in signs.items() if s == "positive"],
-                          reduce_vars=reduce_names, approximate=approximate)
+                          reduce_vars=reduce_names, approximate=approximate, auxiliary=True)
     return r_loads, tensors, repair
 
 
@@ -87,15 +89,17 @@ def replace_block(program: Program, new: Block) -> Program:
     return program.replace(body=map_blocks(program.body, lambda x: new if x.name == new.name else x))
 
 
-def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Load, Load],
-                    new: dict[Load, Load]) -> Block:
+def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Load, Expr],
+                    new: dict[Load, Expr], state: Sequence[Expr] = ()) -> Block:
     """``block`` with its update repaired; ``acc_operand`` says which operand h applies to.
 
     ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``;
     ``"term"`` (split-k update, Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``.
     ``G`` keeps its argument when it is the reducer's identity (h of the identity is
     the identity, by distributivity) — and ``repair.apply`` keeps it when no producer
-    changed (``h(t, r, r) = t``).
+    changed (``h(t, r, r) = t``).  A state repair reads the auxiliary accumulators
+    ``state`` (for X, its A's; for A_k, the higher ones) and has no ``G``: X = 0 with
+    A ≠ 0 still changes.
     """
     acc = Load(block.store.tensor, block.store.indices)
     rest = block.reduce_term()
@@ -103,6 +107,7 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
         raise InternalError(f"block {block.name!r} is not in the form X = X ⊕ term")
     identity = block.reducer.identity  # type: ignore[union-attr]
     target = acc if acc_operand == "acc" else rest
-    repaired = select(eq(target, identity), target, repair.apply(target, old=old, new=new))
+    h = repair.apply(target, old=old, new=new, state=state)
+    repaired = select(eq(target, identity), target, h) if repair.keeps_identity else h
     value = block.reducer.apply(repaired, rest) if acc_operand == "acc" else block.reducer.apply(acc, repaired)  # type: ignore[union-attr]
     return block.replace(store=Store(block.store.tensor, block.store.indices, value))

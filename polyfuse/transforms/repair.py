@@ -24,8 +24,11 @@ How h is found:
    points in float64; Eq. 4 symbolically — linear and homogeneous in t for +,
    multiplicative for ×, ``a·t + b`` with ``a >= 0`` provable for max/min.
 
-Nothing unproven is returned: the first candidate that passes is the repair,
-and if none does, :class:`~polyfuse.errors.NoRepairFound` lists every route and
+Nothing unproven is returned: the first candidate that passes is the repair.
+If none does and f is a sum whose g is a polynomial in r, the repair is a state
+repair (:mod:`~polyfuse.transforms.auxiliary`): auxiliary reductions of g's
+Taylor coefficients join X and the whole state is repaired by a binomial map.
+Otherwise, :class:`~polyfuse.errors.NoRepairFound` lists every route and
 the condition that failed.  Refused up front, because no h(t, r, r') can undo
 them: a value mixing producers and c that is rounded to a narrower float
 (``round_fp8e4m3`` …, see :mod:`polyfuse.symbolic`) or truncated to an integer,
@@ -42,6 +45,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import sympy
@@ -54,6 +58,9 @@ from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and
 from polyfuse.ir.stmt import Block, Reducer
 from polyfuse.ir.visit import children, free_vars, walk_expr
 from polyfuse.symbolic import SymbolTable, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
+
+if TYPE_CHECKING:
+    from polyfuse.transforms.auxiliary import Auxiliary
 
 __all__ = ["Repair", "result_sign", "solve_repair"]
 
@@ -84,6 +91,8 @@ class Repair:
     symbols: tuple[tuple[sympy.Symbol, Expr], ...]
     cases: str
     dtype: DType
+    state: tuple[sympy.Symbol, ...] = ()
+    auxiliaries: tuple[Auxiliary, ...] = ()
 
     @property
     def mapping(self) -> dict[sympy.Symbol, Expr]:
@@ -94,7 +103,14 @@ class Repair:
         """True when h is ``t``: the consumer does not actually depend on its producers."""
         return self.h == self.t
 
-    def apply(self, t: Expr, old: Mapping[Load, Expr], new: Mapping[Load, Expr], *, guard: bool = True) -> Expr:
+    @property
+    def keeps_identity(self) -> bool:
+        """True when h maps the reducer's identity to itself (Eq. 4); a state repair
+        (h reads auxiliary accumulators) does not: X = 0 with A ≠ 0 still changes."""
+        return not self.state
+
+    def apply(self, t: Expr, old: Mapping[Load, Expr], new: Mapping[Load, Expr], *, guard: bool = True,
+              state: Sequence[Expr] = ()) -> Expr:
         """IR for ``h(t, r_old, r_new)``, in the reducer's dtype (f32 for non-float reducers).
 
         With ``guard`` the result is ``select(r_old == r_new, t, h)``.  That is exact —
@@ -116,6 +132,10 @@ class Repair:
                 )
             mapping[r], mapping[r_new] = old[load], new[load]
             unchanged.append(eq(old[load], new[load]))
+        if self.state and len(state) != len(self.state):
+            raise PolyfuseError(f"the repair h = {self.h} reads the auxiliary accumulators "
+                                f"{', '.join(map(str, self.state))}; got {len(state)} values for them")
+        mapping.update(zip(self.state, state, strict=True))
         for sym, leaf in self.symbols:
             mapping.setdefault(sym, leaf)
         h = from_sympy(self.h, mapping, self.dtype)
@@ -129,6 +149,7 @@ class Repair:
         producers = "; ".join(f"{r} = {load} ({r_new} after the update)"
                               for load, r, r_new in zip(self.producers, self.old, self.new, strict=True))
         cs = "; ".join(f"{c} = {leaves[c]}" for c in self.abstracted)
+        aux = "; ".join(a.describe() for a in self.auxiliaries)
         return {
             "f": f"{self.reducer} ({_OP_OF_KIND[self.reducer]})",
             "g": str(self.g),
@@ -136,12 +157,14 @@ class Repair:
             "producers": producers,
             "c": cs or "(none)",
             "cases": self.cases,
+            "auxiliaries": aux or "(none)",
         }
 
 
 def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
                  nonnegative: Collection[Expr] = (), positive: Collection[Expr] = (),
-                 reduce_vars: Collection[Var | str] | None = None, approximate: bool = False) -> Repair:
+                 reduce_vars: Collection[Var | str] | None = None, approximate: bool = False,
+                 auxiliary: bool = False) -> Repair:
     """Find and prove the repair of ``X = X ⊕ term`` for the given producer loads.
 
     ``nonnegative`` / ``positive`` name loads (or variables) known to be >= 0 / > 0
@@ -149,11 +172,13 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
     reduce iteration variables: sub-expressions free of them are loop-invariant and
     may appear in h; without it every non-constant sub-expression without a
     producer is treated as varying.  Results (and refusals) are cached, because
-    autotuning asks again and again.
+    autotuning asks again and again.  With ``auxiliary``, a sum whose g is a polynomial
+    in the producers and has no single repair gets a state repair (auxiliary reductions,
+    see :mod:`~polyfuse.transforms.auxiliary`) — the caller must then add those reductions.
     """
     rv = None if reduce_vars is None else frozenset(v.name if isinstance(v, Var) else v for v in reduce_vars)
     result = _solve_cached(reducer, term, tuple(dict.fromkeys(producers)), frozenset(nonnegative),
-                           frozenset(positive), rv, approximate)
+                           frozenset(positive), rv, approximate, auxiliary)
     if isinstance(result, str):
         raise NoRepairFound(result)
     return result
@@ -162,9 +187,9 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
 @functools.lru_cache(maxsize=1024)
 def _solve_cached(reducer: Reducer, term: Expr, producers: tuple[Load, ...], nonnegative: frozenset[Expr],
                   positive: frozenset[Expr], reduce_vars: frozenset[str] | None,
-                  approximate: bool) -> Repair | str:
+                  approximate: bool, auxiliary: bool) -> Repair | str:
     try:
-        return _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate).solve()
+        return _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate).solve(auxiliary)
     except NoRepairFound as err:
         return str(err)
 
@@ -320,7 +345,7 @@ class _Solver:
             return str(e)
 
     # -- steps 2-4 ----------------------------------------------------------------
-    def solve(self) -> Repair:
+    def solve(self, auxiliary: bool = False) -> Repair:
         if not (self.g.free_symbols & set(self.old)):
             return self._repair(self.t, "g does not read any producer, so h is the identity")
         reasons: list[str] = []
@@ -345,6 +370,11 @@ class _Solver:
             found = consider(h, route)
             if found is not None:
                 return found
+        from polyfuse.transforms.auxiliary import polynomial_state
+
+        state = polynomial_state(self, reasons) if auxiliary else None
+        if state is not None:
+            return state
         names = ", ".join(str(p) for p in self.producers)
         hint = ""
         if self.reduce_vars is None and any(not any(isinstance(n, Load) for n in walk_expr(self.table.leaf(c)))
@@ -438,9 +468,11 @@ class _Solver:
             notes.append("assuming " + ", ".join(self.assumed))
         return "; ".join(notes + self.notes)
 
-    def _repair(self, h: sympy.Expr, cases: str) -> Repair:
-        return Repair(self.kind, self.g, h, self.t, self.producers, tuple(self.old), tuple(self.new),
-                      tuple(self.cs), tuple(self.table.mapping.items()), cases, self.dtype)
+    def _repair(self, h: sympy.Expr, cases: str, *, g: sympy.Expr | None = None,
+                state: tuple[sympy.Symbol, ...] = (), auxiliaries: tuple[Auxiliary, ...] = ()) -> Repair:
+        return Repair(self.kind, self.g if g is None else g, h, self.t, self.producers, tuple(self.old),
+                      tuple(self.new), tuple(self.cs), tuple(self.table.mapping.items()), cases, self.dtype,
+                      state, auxiliaries)
 
 
 def _simplify(e: sympy.Expr, cs: set[sympy.Symbol]) -> sympy.Expr:

@@ -41,13 +41,15 @@ Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 
 from __future__ import annotations
 
+import functools
 
 from polyfuse.errors import IllegalTransform
 from polyfuse.deps.domains import param_names, prune_where
-from polyfuse.ir.expr import Load, Var, conjuncts, eq, select
+from polyfuse.ir.expr import Expr, Load, Var, conjuncts, eq, logical_and, maximum, select
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import free_vars
+from polyfuse.transforms.auxiliary import add_auxiliary_blocks, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
 from polyfuse.transforms.dataflow import (
     child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
@@ -94,18 +96,28 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     # Step 4. The repair.
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
 
-    # Step 5. One repair per tile: privatize the consumer over the rolling loop.
+    # Step 4b. A state repair (no single h): the auxiliary reductions join the consumer, right after it.
+    states: list[tuple[str, Repair | None]] = [(block, repair)]
     created: list[str] = []
-    local = block
+    if repair is not None and repair.auxiliaries:
+        program, aux_blocks = add_auxiliary_blocks(program, block, repair)
+        states += [(name, aux.repair) for name, aux in zip(aux_blocks, repair.auxiliaries, strict=True)]
+        created += aux_blocks
+
+    # Step 5. One repair per tile: privatize the consumer (and its auxiliaries) over the rolling loop.
     needs_repair = repair is not None and not repair.is_identity
+    estimated: list[Load] = []
+    locals_ = {name: name for name, _ in states}
     if needs_repair and _reduces_inside(program.block(block), loop):
         from polyfuse.transforms.rfactor import rfactor
 
-        program, local = rfactor(program, block=block, loop=loop)
-        program = reverse_compute_at(program, block=block, loop_block=local, loop=loop)
-        created.append(local)
+        for name, _ in states:
+            program, locals_[name] = rfactor(program, block=name, loop=loop)
+            program = reverse_compute_at(program, block=name, loop_block=locals_[name], loop=loop)
+            created.append(locals_[name])
 
-    # Steps 6-7. Previous producer values, and the repaired update.
+    # Steps 6-7. Previous producer values, and the repaired updates (X first, then A_1, …: each reads
+    # the higher auxiliaries before their update).
     if needs_repair:
         prev: dict[Load, Load] = {}
         for ld in r_loads:
@@ -114,10 +126,31 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
                 created.append(saver)
             prev[ld] = Load(prev_tensor, ld.indices)
         guards = [(ld, program.block(tensors[ld.tensor.name])) for ld in r_loads]
-        program = guard_term(program, local, guards)
-        program = _apply_repair(program, block, repair, prev, r_loads)
+        accumulators = [program.block(name).store.tensor for name, _ in states[1:]]
+        extent = find_loop(program, loop_block, loop).extent
+        estimated = [ld for ld in r_loads if accumulators and plain_sum(program, tensors[ld.tensor.name])]
+        for name, h in states:
+            program = guard_term(program, locals_[name], guards)
+            old: dict[Load, Expr] = dict(prev)
+            new: dict[Load, Expr] = {ld: ld for ld in r_loads}
+            if estimated:
+                # A state repair is exact for any reference point; a running estimate keeps it accurate.
+                k_local = _rolled_index(program.block(locals_[name]), loop)
+                program = replace_block(program, with_references(
+                    program.block(locals_[name]), {ld: estimate(ld, (k_local + 1, extent)) for ld in estimated}))
+                k = _rolled_index(program.block(name), loop)
+                old |= {ld: estimate(prev[ld], (maximum(k, 1), extent)) for ld in estimated}
+                new |= {ld: estimate(ld, (k + 1, extent)) for ld in estimated}
+            if h is None or h.is_identity:
+                continue
+            state = _state_before(program.block(name), accumulators)
+            program = _apply_repair(program, name, h, old, new, r_loads, state)
+    notes = tuple(f"reference point of the state: {ld}·E/(k + 1) (k = iteration of loop {loop!r}, E its extent), "
+                  f"a running estimate of the plain sum {ld}; the state repair is exact for any reference, and "
+                  "this one stays near the data (the partial sum does not), so the terms do not cancel"
+                  for ld in (estimated if needs_repair else ()))
     fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
-                    tuple(created))
+                    tuple(created), notes)
     return validate(program), fusion
 
 
@@ -179,8 +212,25 @@ def _fresh_iter(block: Block, base: str) -> str:
     return out
 
 
-def _apply_repair(program: Program, block: str, repair: Repair, prev: dict[Load, Load],
-                  r_loads: list[Load]) -> Program:
+def _state_before(combine: Block, accumulators: list[Tensor]) -> list[Expr]:
+    """The auxiliary accumulators as the combine ``combine`` sees them: in its first iteration they
+    are not yet initialised (their blocks come after it), and no element has been summed: 0."""
+    first = functools.reduce(logical_and, [eq(iv.var, 0) for iv in combine.reduce_iters])
+    indices = combine.store.indices
+    zero = combine.reducer.identity  # type: ignore[union-attr]
+    return [select(first, zero, Load(t, indices)) for t in accumulators]
+
+
+def _rolled_index(block: Block, loop: str) -> Expr:
+    """The iteration variable of ``block`` bound to the rolling loop."""
+    for iv, bnd in zip(block.iters, block.bindings, strict=True):
+        if bnd == Var(loop):
+            return iv.var
+    raise IllegalTransform(f"rolling_update: block {block.name!r} has no iteration bound to loop {loop!r}")
+
+
+def _apply_repair(program: Program, block: str, repair: Repair, old: dict[Load, Expr], new: dict[Load, Expr],
+                  r_loads: list[Load], state: list[Expr]) -> Program:
     """``X = G(h(X, r_prev, r)) ⊕ rest`` in the (combine) block ``block``."""
     b = program.block(block)
     names = {iv.var.name for iv in b.iters}
@@ -189,7 +239,7 @@ def _apply_repair(program: Program, block: str, repair: Repair, prev: dict[Load,
         if stray:
             raise IllegalTransform(f"rolling_update of block {block!r}: the combine has no iteration variable "
                                    f"{', '.join(sorted(stray))} to index producer result {ld}")
-    return replace_block(program, repaired_update(b, repair, "acc", prev, {ld: ld for ld in r_loads}))
+    return replace_block(program, repaired_update(b, repair, "acc", old, new, state))
 
 
 __all__ = ["Fusion", "rolling_update"]

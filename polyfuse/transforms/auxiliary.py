@@ -1,0 +1,236 @@
+"""Auxiliary accumulators: exact fusion of a sum whose term is a polynomial in its producers.
+
+When no single repair ``h(t, r, r')`` exists (mean → variance: ``g = (c - r)²``
+does not distribute over +), a larger state does.  For ``X = Σ g(r, c)`` with g a
+polynomial of degree d in the producer results ``r = (r_1 … r_p)`` (after the
+change of variables of :mod:`~polyfuse.transforms.repair`), Taylor's formula is
+exact::
+
+    g(r', c) = Σ_{|β| <= d} T_β(r, c)·δ^β,   T_β = ∂^β g / β!,   δ = r' - r
+
+so with the auxiliary reductions ``A_β = Σ T_β(r, c)`` (``A_0 = X``) every state
+component is repaired by the same triangular, binomial map in δ::
+
+    A_α(r') = Σ_{β >= α} C(β, α)·A_β(r)·δ^(β - α)        (C(β, α) = Π_i C(β_i, α_i))
+
+For ``g = (c - r)²``: ``A_1 = Σ -2(c - r)``, ``A_2 = Σ 1 = n`` and
+``X' = X + A_1·δ + A_2·δ²``, ``A_1' = A_1 + 2·A_2·δ`` — Welford's update, and
+with partial states relative to split-local r merged into the global r, Chan's
+parallel formula.  Coefficients that are identically 0 are dropped, equal ones
+share one accumulator (inertia's ``Σ w`` serves all three coordinates).
+
+Each repair ``h_α(t, A, r, r')`` is a :class:`~polyfuse.transforms.repair.Repair`
+whose ``state`` symbols stand for the auxiliary accumulators *before* the update
+(the fusions order the updates X, A_1, …, so each reads the higher ones not yet
+updated).  The whole map is proven symbolically: every component, summed over a
+symbolic sample of three elements, is expanded and compared at r and r'.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import sympy
+
+from polyfuse.errors import PolyfuseError
+from polyfuse.ir.expr import Expr, Load, cast
+from polyfuse.ir.stmt import Block, Program, Store, Tensor
+from polyfuse.ir.visit import loads, map_expr, seq
+from polyfuse.symbolic import from_sympy
+from polyfuse.transforms.tree import block_path, replace_node
+
+if TYPE_CHECKING:
+    from polyfuse.transforms.repair import Repair
+
+__all__ = ["Auxiliary", "add_auxiliary_blocks", "estimate", "plain_sum", "polynomial_state",
+           "with_references"]
+
+MAX_AUXILIARIES = 12
+"""More auxiliary accumulators than this is a sign of a term that should not be fused this way."""
+_SAMPLE = 3
+
+
+@dataclass(frozen=True)
+class Auxiliary:
+    """One auxiliary reduction ``A = Σ term`` of a state repair, with its own repair."""
+
+    name: str
+    term: Expr
+    g: sympy.Expr
+    why: str
+    repair: Repair
+
+    def describe(self) -> str:
+        return f"{self.name} = Σ {self.g} ({self.why}; repaired by h = {self.repair.h})"
+
+
+def polynomial_state(solver, reasons: list[str]) -> Repair | None:
+    """The state repair of ``solver``'s sum when its g is a polynomial in the producers, else None
+    (with the reason appended to ``reasons``)."""
+    if solver.kind != "sum":
+        reasons.append(f"no auxiliary accumulators: f is {solver.kind}, not a sum")
+        return None
+    old, new = list(solver.old), list(solver.new)
+    g = solver.g
+    if g.has(sympy.Piecewise) or not g.is_polynomial(*old):
+        reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}")
+        return None
+    degree = sympy.Poly(g, *old).total_degree()
+    classes = _taylor_classes(g, old, degree)
+    if len(classes) > MAX_AUXILIARIES:
+        reasons.append(f"no auxiliary accumulators: g has {len(classes)} Taylor coefficients in the producers "
+                       f"(more than {MAX_AUXILIARIES})")
+        return None
+    state = tuple(sympy.Symbol(solver.table.fresh_name(f"A{k + 1}"), real=True) for k in range(len(classes)))
+    index = {alpha: k for k, (alphas, _) in enumerate(classes) for alpha in alphas}
+    delta = [b - a for a, b in zip(old, new, strict=True)]
+
+    def shifted(alpha: tuple[int, ...]) -> sympy.Expr:
+        """Σ_{β > α} C(β, α)·A_β·δ^(β - α), over the coefficients that exist."""
+        out = sympy.Integer(0)
+        for beta, k in index.items():
+            if beta != alpha and all(b >= a for a, b in zip(alpha, beta, strict=True)):
+                factor = math.prod(math.comb(b, a) for a, b in zip(alpha, beta, strict=True))
+                out += factor * state[k] * math.prod(d ** (b - a) for d, a, b in zip(delta, alpha, beta, strict=True))
+        return out
+
+    zero = (0,) * len(old)
+    hs = [solver.t + shifted(zero)] + [solver.t + shifted(alphas[0]) for alphas, _ in classes]
+    terms = [g] + [t for _, t in classes]
+    failed = _prove(solver, terms, hs, state)
+    if failed is not None:
+        reasons.append(f"the auxiliary state does not repair exactly: {failed}")
+        return None
+    proof = (f"no single repair ({'; '.join(reasons)}); g is a polynomial of degree {degree} in "
+             f"{', '.join(map(str, old))}: Taylor's formula is exact, "
+             f"so (X, {', '.join(map(str, state))}) transforms by a binomial matrix in δ = r' - r; proven "
+             f"symbolically over a sample of {_SAMPLE} elements")
+    auxiliaries = []
+    for k, ((alphas, term), h) in enumerate(zip(classes, hs[1:], strict=True)):
+        try:
+            ir = from_sympy(sympy.factor(term), solver.table.mapping, solver.dtype)
+        except PolyfuseError as err:
+            reasons.append(f"the auxiliary term {term} cannot be written as IR: {err}")
+            return None
+        aux_repair = solver._repair(h, proof, g=sympy.factor(term), state=state)
+        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, sympy.factor(term), _why(alphas, old), aux_repair))
+    return solver._repair(hs[0], proof, state=state, auxiliaries=tuple(auxiliaries))
+
+
+def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],
+                    degree: int) -> list[tuple[list[tuple[int, ...]], sympy.Expr]]:
+    """The nonzero coefficients ``T_α = ∂^α g/α!`` (0 < |α| <= degree), equal ones grouped."""
+    classes: list[tuple[list[tuple[int, ...]], sympy.Expr]] = []
+    for total in range(1, degree + 1):
+        for alpha in _multi_indices(len(old), total):
+            d = g
+            for sym, a in zip(old, alpha, strict=True):
+                d = sympy.diff(d, sym, a) if a else d
+            term = sympy.expand(d / math.prod(math.factorial(a) for a in alpha))
+            if term == 0:
+                continue
+            same = next((c for c in classes if sympy.expand(c[1] - term) == 0), None)
+            if same is None:
+                classes.append(([alpha], term))
+            else:
+                same[0].append(alpha)
+    return classes
+
+
+def _multi_indices(n: int, total: int):
+    return sorted((a for a in itertools.product(range(total + 1), repeat=n) if sum(a) == total), reverse=True)
+
+
+def _why(alphas: list[tuple[int, ...]], old: list[sympy.Symbol]) -> str:
+    def one(alpha: tuple[int, ...]) -> str:
+        order = sum(alpha)
+        parts = "".join(f"∂{s}" + (f"^{a}" if a > 1 else "") for s, a in zip(old, alpha, strict=True) if a)
+        scale = math.prod(math.factorial(a) for a in alpha)
+        return f"Σ {'1/' + str(scale) + '·' if scale > 1 else ''}∂^{order}g/{parts}" if order > 1 \
+            else f"Σ ∂g/{parts}"
+    return "Taylor coefficient " + " = ".join(one(a) for a in alphas)
+
+
+def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[sympy.Symbol, ...]) -> str | None:
+    """None if, summed over a symbolic sample, every component maps its value at r to its value at r'."""
+    cs = [c for c in solver.cs if any(c in t.free_symbols for t in terms)]
+    samples = [{c: sympy.Symbol(f"{c}_{s}", real=True) for c in cs} for s in range(_SAMPLE)]
+    renew = dict(zip(solver.old, solver.new, strict=True))
+
+    def total(term: sympy.Expr) -> sympy.Expr:
+        return sum((term.xreplace(sub) for sub in samples), sympy.Integer(0))
+
+    at_old = [total(t) for t in terms]
+    values = dict(zip(state, at_old[1:], strict=True))
+    for term, value, h in zip(terms, at_old, hs, strict=True):
+        residue = sympy.expand(h.xreplace({solver.t: value, **values}) - value.xreplace(renew))
+        if residue != 0:
+            return f"for the component Σ {term}, h = {h} leaves {residue}"
+    return None
+
+
+def add_auxiliary_blocks(program: Program, block: str, repair: Repair) -> tuple[Program, list[str]]:
+    """``block`` followed, in the same loops, by one reduction per auxiliary of ``repair``.
+
+    Each ``<block>_<aux>`` is the consumer with its term replaced by the auxiliary's and its
+    store redirected to a new temp ``<X>_<aux>`` of X's shape, starting at the reducer's
+    identity (an auxiliary sums coefficients, whatever X's own init is).  Placed right after
+    the consumer, the updates run in the order X, A_1, … that the state repair relies on.
+    """
+    path, b = block_path(program, block)
+    if b.reducer is None:
+        raise PolyfuseError(f"block {block!r} is not a reduction; it has no auxiliary accumulators")
+    x = b.store.tensor
+    tensors, blocks = [], []
+    for aux in repair.auxiliaries:
+        t = Tensor(f"{x.name}_{aux.name}", x.shape, x.dtype, "temp", x.scope)
+        acc = Load(t, b.store.indices)
+        store = Store(t, b.store.indices, b.reducer.apply(acc, aux.term))
+        tensors.append(t)
+        blocks.append(b.replace(name=f"{block}_{aux.name}", store=store, init=b.reducer.identity))
+    body = replace_node(program.body, b, seq(b, *blocks))
+    return program.replace(tensors=program.tensors + tuple(tensors), body=body), [a.name for a in blocks]
+
+
+
+def plain_sum(program: Program, producer: str) -> bool:
+    """True for a producer that is a sum, from 0, of terms reading no other reduction's result.
+
+    Its partial value grows with the elements seen, so as the reference point of a state
+    repair it sits far from the data until the very end (a partial ``Σ x/L`` is not a running
+    mean), and the terms ``g(r, c)`` cancel catastrophically.  A repaired producer (a centre
+    ``Σ w·x/M`` rescaled by ``M/M'``) already is a running estimate.
+    """
+    b = program.block(producer)
+    term = b.reduce_term()
+    if term is None or b.init != b.reducer.identity or not _is_sum(b):  # type: ignore[union-attr]
+        return False
+    reductions = {x.store.tensor.name for x in program.blocks() if x.reducer is not None}
+    return not any(ld.tensor.name in reductions for ld in loads(term))
+
+
+def _is_sum(b: Block) -> bool:
+    from polyfuse.transforms.repair import _reducer_kind
+
+    try:
+        return _reducer_kind(b.reducer) == "sum"
+    except PolyfuseError:
+        return False
+
+
+def estimate(r: Expr, fraction: tuple[Expr, Expr]) -> Expr:
+    """``r / fraction``: a partial sum extrapolated to all elements (``fraction`` = seen/total as
+    (seen, total)), the reference point of a state repair.  Any reference is exact — the state
+    is repaired from one to the next — so this only decides accuracy; with everything seen the
+    factor is exactly 1 and the reference is r itself."""
+    seen, total = fraction
+    return r * (cast(r.dtype, total) / cast(r.dtype, seen))
+
+
+def with_references(block: Block, refs: dict[Load, Expr]) -> Block:
+    """``block`` with each producer value in its stored value replaced by its reference point."""
+    value = map_expr(block.store.value, lambda n: refs.get(n) if isinstance(n, Load) else None)
+    return block.replace(store=Store(block.store.tensor, block.store.indices, value))
