@@ -81,14 +81,28 @@ def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
     return interpret(program, inputs, sizes)
 
 
+def _tile_source(subject: Subject) -> str:
+    from polyfuse.tiling import to_tiles
+
+    return f"# {subject}: the fused program as tiles\n{to_tiles(subject.schedule().program)}"
+
+
+def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
+    from polyfuse import tiling
+
+    return tiling.interpret(tiling.to_tiles(subject.schedule().program), inputs)
+
+
 STAGES: dict[str, Callable[[Subject], str]] = {
     "plain": _plain_source,
     "fused": _fused_source,
+    "tile": _tile_source,
 }
 
 BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
     "interp": _interpret_plain,
     "fused": _interpret_fused,
+    "tile": _interpret_tiles,
 }
 
 

@@ -9,6 +9,8 @@ an expression into integer coefficients of variables and of floor/mod atoms.
 from __future__ import annotations
 
 
+from collections.abc import Mapping
+
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 
@@ -99,3 +101,48 @@ def check_affine(e: Expr, *, allowed: set[str], what: str) -> None:
             f"{what}: {e} uses {', '.join(stray)}, which is not a variable in scope here "
             f"(in scope: {', '.join(sorted(allowed)) or 'none'})"
         )
+
+
+def fold_div_mod(e: Expr, ranges: Mapping[str, int | None]) -> Expr:
+    """``(d·q + r) % d`` -> ``r`` and ``(d·q + r) // d`` -> ``q`` when ``0 <= r < d`` over the loop ranges.
+
+    Compacted buffers are indexed like ``i % 8`` with ``i = 8·i_0 + ax0``; folded, the
+    index is ``ax0`` and the ``ax0`` loop can run as one NumPy axis.
+    """
+    from polyfuse.ir.visit import map_expr
+
+    def fold(n: Expr) -> Expr | None:
+        if not (isinstance(n, BinOp) and n.op in ("%", "//") and isinstance(n.b, Const)):
+            return None
+        d = int(n.b.value)
+        inner = fold_div_mod(n.a, ranges)
+        try:
+            form = linear_form(inner)
+        except NonAffineIndex:
+            return None
+        q = {k: c // d for k, c in form.items() if k != 1 and c % d == 0}
+        r = {k: c for k, c in form.items() if k == 1 or c % d != 0}
+        low = high = r.get(1, 0)
+        for k, c in r.items():
+            if k == 1:
+                continue
+            if not isinstance(k, str) or ranges.get(k) is None:
+                return None
+            top = c * (ranges[k] - 1)  # type: ignore[operator]
+            low, high = low + min(0, top), high + max(0, top)
+        if low < 0 or high >= d:
+            return None
+        return from_linear_form(r if n.op == "%" else q, n.dtype)
+
+    return map_expr(e, fold)
+
+
+def from_linear_form(form: dict, dtype) -> Expr:
+    """The expression of a linear form (inverse of :func:`linear_form`)."""
+    out: Expr = Const(0, dtype)
+    for k, c in form.items():
+        term: Expr = Const(c, dtype) if k == 1 else (Var(k, dtype) if isinstance(k, str) else k)
+        if k != 1 and c != 1:
+            term = BinOp("*", Const(c, dtype), term)
+        out = term if out == Const(0, dtype) else BinOp("+", out, term)
+    return out

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from polyfuse.errors import IRError, PolyfuseError, UnboundSize
-from polyfuse.ir.affine import linear_form, variables
+from polyfuse.ir.affine import fold_div_mod, linear_form, variables
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.stmt import INPUT, Block, Loop, Program, Seq, Stmt, Tensor, walk_stmts
 from polyfuse.ir.visit import loads, substitute
@@ -32,13 +32,13 @@ from polyfuse.ir.visit import loads, substitute
 Value = np.ndarray
 _TRUE = np.bool_(True)
 
-_BINARY = {
+NUMPY_BINARY = {
     "+": np.add, "-": np.subtract, "*": np.multiply, "/": np.divide, "//": np.floor_divide,
     "%": np.mod, "max": np.maximum, "min": np.minimum, "pow": np.power,
     "<": np.less, "<=": np.less_equal, ">": np.greater, ">=": np.greater_equal,
     "==": np.equal, "!=": np.not_equal, "and": np.logical_and, "or": np.logical_or,
 }
-_UNARY = {
+NUMPY_UNARY = {
     "exp": np.exp, "log": np.log, "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.abs, "neg": np.negative,
     "floor": np.floor, "ceil": np.ceil, "exp2": np.exp2, "log2": np.log2, "not": np.logical_not,
 }
@@ -198,14 +198,14 @@ class _Runner:
             return np.asarray(buf[safe])
         if isinstance(e, BinOp):
             a, c = self.expr(e.a, env, b, guard), self.expr(e.b, env, b, guard)
-            out = _BINARY[e.op](a, c)
+            out = NUMPY_BINARY[e.op](a, c)
             return np.asarray(out, dtype=e.dtype.numpy) if out.dtype != e.dtype.numpy else out
         if isinstance(e, Call):
             x = self.expr(e.args[0], env, b, guard)
             if e.fn == "sigmoid":
                 one = np.asarray(1, dtype=x.dtype)
                 return np.asarray(one / (one + np.exp(-x)), dtype=x.dtype)
-            return np.asarray(_UNARY[e.fn](x), dtype=e.dtype.numpy)
+            return np.asarray(NUMPY_UNARY[e.fn](x), dtype=e.dtype.numpy)
         if isinstance(e, Select):
             c = self.expr(e.cond, env, b, guard)
             t, f = self.expr(e.true_value, env, b, guard), self.expr(e.false_value, env, b, guard)
@@ -239,7 +239,7 @@ def _independent(loop: Loop) -> bool:
                 refs += [(ld.tensor.name, ld.indices) for ld in loads(expr)]
         for name, idx in refs:
             if name in accesses:
-                accesses[name].append(tuple(_fold_div_mod(substitute(i, binding), ranges) for i in idx))
+                accesses[name].append(tuple(fold_div_mod(substitute(i, binding), ranges) for i in idx))
     for idx_list in accesses.values():
         if not any(_separating_dim(idx_list, d, v, inner) for d in range(len(idx_list[0]))):
             return False
@@ -248,50 +248,6 @@ def _independent(loop: Loop) -> bool:
 
 def _const_or_none(e: Expr) -> int | None:
     return int(e.value) if isinstance(e, Const) else None
-
-
-def _fold_div_mod(e: Expr, ranges: dict[str, int | None]) -> Expr:
-    """``(d·q + r) % d`` -> ``r`` and ``(d·q + r) // d`` -> ``q`` when ``0 <= r < d`` over the loop ranges.
-
-    Compacted buffers are indexed like ``i % 8`` with ``i = 8·i_0 + ax0``; folded, the
-    index is ``ax0`` and the ``ax0`` loop can run as one NumPy axis.
-    """
-    from polyfuse.ir.visit import map_expr
-
-    def fold(n: Expr) -> Expr | None:
-        if not (isinstance(n, BinOp) and n.op in ("%", "//") and isinstance(n.b, Const)):
-            return None
-        d = int(n.b.value)
-        inner = _fold_div_mod(n.a, ranges)
-        try:
-            form = linear_form(inner)
-        except PolyfuseError:
-            return None
-        q = {k: c // d for k, c in form.items() if k != 1 and c % d == 0}
-        r = {k: c for k, c in form.items() if k == 1 or c % d != 0}
-        low = high = r.get(1, 0)
-        for k, c in r.items():
-            if k == 1:
-                continue
-            if not isinstance(k, str) or ranges.get(k) is None:
-                return None
-            top = c * (ranges[k] - 1)  # type: ignore[operator]
-            low, high = low + min(0, top), high + max(0, top)
-        if low < 0 or high >= d:
-            return None
-        return _from_form(r if n.op == "%" else q, n.dtype)
-
-    return map_expr(e, fold)
-
-
-def _from_form(form: dict, dtype) -> Expr:
-    out: Expr = Const(0, dtype)
-    for k, c in form.items():
-        term: Expr = Const(c, dtype) if k == 1 else (Var(k, dtype) if isinstance(k, str) else k)
-        if k != 1 and c != 1:
-            term = BinOp("*", Const(c, dtype), term)
-        out = term if out == Const(0, dtype) else BinOp("+", out, term)
-    return out
 
 
 def _separating_dim(idx_list: list[tuple[Expr, ...]], d: int, v: str, inner: set[str]) -> bool:

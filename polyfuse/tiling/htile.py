@@ -1,0 +1,254 @@
+"""HTile IR: tile expressions and tile statements (Neptune §5).
+
+A tile value spans named axes — the loop variables of the tileable nest it came
+from.  Names are authoritative; the order of a value's axes is derived from its
+node (a load lists its slices in tensor-dimension order, a ``Permute`` states its
+order) and :func:`axes_of` computes it.  Elementwise operations reuse the IR's
+scalar nodes (``BinOp``, ``Call``, ``Select``, ``Cast``) over tile operands; the
+translator makes their non-scalar operands agree on axis names *and* order
+(explicit ``Permute``/``Broadcast``), so NumPy-style broadcasting by position is
+then broadcasting by name.
+
+Scalar ``Loop``/``Seq`` of :mod:`polyfuse.ir.stmt` stay around tile statements:
+grid- or thread-bound loops, rolling (annotated) loops and sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polyfuse.errors import InternalError
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
+from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt, Tensor
+
+REDUCE_OPS = ("sum", "prod", "max", "min", "or")
+
+
+@dataclass(frozen=True)
+class Slice:
+    """``start + 0 .. start + size - 1`` along tile axis ``axis`` in one tensor dimension."""
+
+    start: Expr
+    size: int
+    axis: str
+
+
+Index = Expr | Slice
+"""One dimension of a tile access: a scalar index (no tile axis) or a :class:`Slice`."""
+
+
+class TileExpr(Expr):
+    """Base of tile-valued expression nodes (they are IR expressions, so IR ops can hold them)."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from polyfuse.tiling.printer import tile_expr_str
+
+        return tile_expr_str(self)
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class TileLoad(TileExpr):
+    """``tensor[index]`` as a tile; lanes where ``mask`` is false read ``other`` (nothing is accessed)."""
+
+    tensor: Tensor
+    index: tuple[Index, ...]
+    mask: Expr | None = None
+    other: Const | None = None
+
+    @property
+    def dtype(self) -> DType:
+        return self.tensor.dtype
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Iota(TileExpr):
+    """The values ``0 .. size-1`` of tile axis ``axis`` (a loop variable used as data)."""
+
+    axis: str
+    size: int
+
+    @property
+    def dtype(self) -> DType:
+        return dt.i32
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Broadcast(TileExpr):
+    """``tile`` re-expressed over ``axes`` (name, size): the axes it lacks are new and repeat it."""
+
+    tile: Expr
+    axes: tuple[tuple[str, int], ...]
+
+    @property
+    def dtype(self) -> DType:
+        return self.tile.dtype
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Permute(TileExpr):
+    """``tile`` with its axes reordered to ``order`` (names; the same set)."""
+
+    tile: Expr
+    order: tuple[str, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return self.tile.dtype
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Squeeze(TileExpr):
+    """``tile`` without its axis ``axis`` of size 1."""
+
+    tile: Expr
+    axis: str
+
+    @property
+    def dtype(self) -> DType:
+        return self.tile.dtype
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Reduce(TileExpr):
+    """``op`` over axis ``axis`` of ``tile`` (``sum``, ``prod``, ``max``, ``min``, or ``or`` of booleans)."""
+
+    op: str
+    tile: Expr
+    axis: str
+
+    @property
+    def dtype(self) -> DType:
+        return dt.bool_ if self.op == "or" else self.tile.dtype
+
+
+@dataclass(frozen=True, eq=True, repr=False)
+class Dot(TileExpr):
+    """``acc + Σ_axis a·b``.
+
+    ``a`` is ``[batch.., m.., axis]``, ``b`` ``[batch.., axis, n..]`` and ``acc`` ``[batch.., m.., n..]``:
+    the GEMM shape a code generator maps to tensor cores.
+    """
+
+    a: Expr
+    b: Expr
+    acc: Expr
+    axis: str
+
+    @property
+    def dtype(self) -> DType:
+        return self.acc.dtype
+
+
+class TileStmt(Stmt):
+    """Base of tile statements."""
+
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        from polyfuse.tiling.printer import tile_stmt_str
+
+        return tile_stmt_str(self)
+
+
+@dataclass(frozen=True)
+class TileStore(TileStmt):
+    """``tensor[index] = value`` where ``mask`` holds; ``block`` names the IR block it implements.
+
+    With a ``reducer`` (``sum``, ``prod``, ``max``, ``min``) the store combines into the
+    destination instead: ``tensor[index] = tensor[index] ⊕ value``.
+    """
+
+    block: str
+    tensor: Tensor
+    index: tuple[Index, ...]
+    value: Expr
+    mask: Expr | None = None
+    reducer: str | None = None
+
+
+@dataclass(frozen=True)
+class TileProgram:
+    """A translated program: the loop program's name, sizes and tensors with a tile body."""
+
+    name: str
+    params: tuple[Var, ...]
+    tensors: tuple[Tensor, ...]
+    body: Stmt
+
+    @property
+    def outputs(self) -> tuple[Tensor, ...]:
+        return tuple(t for t in self.tensors if t.role == OUTPUT)
+
+    def __str__(self) -> str:
+        from polyfuse.tiling.printer import print_tile_program
+
+        return print_tile_program(self)
+
+
+def slice_axes(index: tuple[Index, ...]) -> tuple[str, ...]:
+    """The tile axes of an access, in tensor-dimension order."""
+    return tuple(i.axis for i in index if isinstance(i, Slice))
+
+
+def axes_of(e: Expr) -> tuple[str, ...]:
+    """The axis names of a tile value, in its order (``()`` for a scalar)."""
+    if isinstance(e, (Var, Const)):
+        return ()
+    if isinstance(e, TileLoad):
+        return slice_axes(e.index)
+    if isinstance(e, Iota):
+        return (e.axis,)
+    if isinstance(e, Broadcast):
+        return tuple(name for name, _ in e.axes)
+    if isinstance(e, Permute):
+        return e.order
+    if isinstance(e, (Squeeze, Reduce)):
+        return tuple(a for a in axes_of(e.tile) if a != e.axis)
+    if isinstance(e, Dot):
+        a = [x for x in axes_of(e.a) if x != e.axis]
+        return tuple(a + [x for x in axes_of(e.b) if x != e.axis and x not in a])
+    if isinstance(e, (BinOp, Call, Select, Cast)):
+        from polyfuse.ir.visit import children
+
+        found = max((axes_of(c) for c in children(e)), key=len)
+        return found
+    if isinstance(e, Load):
+        raise InternalError(f"scalar load {e} left in a tile expression")
+    raise InternalError(f"axes_of: unknown node {type(e).__name__}")
+
+
+def tile_children(e: Expr) -> tuple[Expr, ...]:
+    """Operands of a tile or scalar node (used by walkers)."""
+    if isinstance(e, TileLoad):
+        return tuple(i for i in e.index if not isinstance(i, Slice)) + tuple(
+            i.start for i in e.index if isinstance(i, Slice)) + ((e.mask,) if e.mask is not None else ())
+    if isinstance(e, (Broadcast, Permute, Squeeze, Reduce)):
+        return (e.tile,)
+    if isinstance(e, Dot):
+        return (e.a, e.b, e.acc)
+    if isinstance(e, (BinOp, Call, Select, Cast)):
+        from polyfuse.ir.visit import children
+
+        return children(e)
+    return ()
+
+
+def walk_tile_expr(e: Expr):
+    """Pre-order traversal of a tile expression."""
+    yield e
+    for c in tile_children(e):
+        yield from walk_tile_expr(c)
+
+
+def walk_tile_stmts(s: Stmt):
+    """Pre-order traversal of a tile program body."""
+    yield s
+    if isinstance(s, Loop):
+        yield from walk_tile_stmts(s.body)
+    elif isinstance(s, Seq):
+        for c in s.stmts:
+            yield from walk_tile_stmts(c)

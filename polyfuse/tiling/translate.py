@@ -1,0 +1,347 @@
+"""Loop program -> tile program (Neptune §5, Algorithm 3 "Loop-to-Tile").
+
+1. Tileable nests: walking up from a block, the loops passed before a sequence of
+   several statements, a bound or annotated loop, or a loop of non-constant extent
+   are its *tile axes*; everything above stays a scalar ``Loop``/``Seq``.  Each nest
+   holds one block, so its instances run together as one tile statement.
+2. Every access is relaxed to slices (:mod:`polyfuse.tiling.relax`) and reconciled
+   by axis name to the nest's loop order (:mod:`polyfuse.tiling.reconcile`).
+3. The block is classified: *elementwise* (no reduce iteration bound to a tile
+   axis), *dot* (a sum of a product of two tiles sharing exactly the one reduce
+   axis) or *reduce* (``Reduce`` over the reduce axes, then ``acc ⊕ ·``).
+   Reductions whose reduce loop is scalar are elementwise updates inside it.
+4. The implied guards (bindings inside the iteration box) and ``where`` become
+   masks: on loads (no out-of-range access), on reduction terms (the identity) and
+   on the store.  The init runs where the tile holds a first reduce instance.
+
+Anything else raises :class:`~polyfuse.errors.UntileableNest` naming the block and
+the access or condition.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from polyfuse.errors import UntileableNest
+from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, conjuncts
+from polyfuse.ir.printer import expr_to_str
+from polyfuse.ir.stmt import BOUND, BUILTIN_REDUCERS, Block, Loop, Program, Seq, Stmt
+from polyfuse.ir.visit import free_vars, substitute
+from polyfuse.tiling.htile import Dot, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes
+from polyfuse.tiling.reconcile import permute, reconcile_dim_order, union_order, unify
+from polyfuse.ir.affine import fold_div_mod
+from polyfuse.tiling.relax import bounds, relax_access
+
+_COMBINE_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
+
+
+def to_tiles(program: Program) -> TileProgram:
+    """Translate every tileable nest of ``program`` into tile statements (see module docstring)."""
+    return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}))
+
+
+def _static(e: Expr) -> int | None:
+    return int(e.value) if isinstance(e, Const) else None
+
+
+def _tileable(loop: Loop) -> bool:
+    """Bound, thread-mapped and annotated loops (and symbolic extents) delimit tiles."""
+    return loop.kind != BOUND and loop.thread is None and not loop.annotations and _static(loop.extent) is not None
+
+
+def _chain(s: Stmt) -> tuple[list[Loop], Block] | None:
+    """The tileable loops from ``s`` down to its only block, or None if ``s`` is no such chain."""
+    loops: list[Loop] = []
+    while True:
+        if isinstance(s, Seq) and len(s.stmts) == 1:
+            s = s.stmts[0]
+        elif isinstance(s, Loop) and _tileable(s):
+            loops.append(s)
+            s = s.body
+        elif isinstance(s, Block):
+            return loops, s
+        else:
+            return None
+
+
+def _stmt(s: Stmt, ranges: dict[str, int]) -> Stmt:
+    found = _chain(s)
+    if found is not None:
+        loops, block = found
+        return _Nest(block, [(lp.var.name, int(_static(lp.extent) or 0)) for lp in loops], ranges).translate()
+    if isinstance(s, Seq):
+        return s.replace(stmts=tuple(_stmt(c, ranges) for c in s.stmts))
+    if isinstance(s, Loop):
+        inner = dict(ranges)
+        ext = _static(s.extent)
+        if ext is not None:
+            inner[s.var.name] = ext
+        else:
+            inner.pop(s.var.name, None)
+        return s.replace(body=_stmt(s.body, inner))
+    raise UntileableNest(f"cannot translate statement {type(s).__name__}")
+
+
+def _and(parts: list[Expr]) -> Expr | None:
+    out: Expr | None = None
+    for p in parts:
+        out = p if out is None else BinOp("and", out, p)
+    return out
+
+
+@dataclass
+class _Cond:
+    """One conjunct of a block's mask: its tile form and the axes it uses."""
+
+    text: str
+    tile: Expr
+    axes: frozenset[str]
+
+
+class _Nest:
+    """One tileable nest: a block under tile loops ``axes`` (name, extent), outer loops in ``ranges``."""
+
+    def __init__(self, block: Block, axes: list[tuple[str, int]], ranges: dict[str, int]):
+        self.block = block
+        self.order = tuple(name for name, _ in axes)
+        self.sizes = dict(axes)
+        self.ranges = {**ranges, **self.sizes}
+        self.binding = {iv.var.name: b for iv, b in zip(block.iters, block.bindings, strict=True)}
+        self.conds: list[_Cond] = []
+        self.conds = self._conditions()
+
+    # ------------------------------------------------------------ helpers
+    def sub(self, e: Expr) -> Expr:
+        """``e`` (in iteration variables) in loop variables, div/mod folded."""
+        return fold_div_mod(substitute(e, self.binding), self.ranges)
+
+    def fold(self, e: Expr) -> Expr:
+        """``e`` (already in loop variables) with div/mod folded."""
+        return fold_div_mod(e, self.ranges)
+
+    def unify(self, tiles: list[Expr]) -> list[Expr]:
+        return unify(tiles, self.order, self.sizes)
+
+    def fit(self, tile: Expr, target: tuple[str, ...], what: str) -> Expr:
+        return reconcile_dim_order(tile, target, self.sizes, what=f"block {self.block.name!r}: {what}")
+
+    def tile_axes(self, e: Expr) -> frozenset[str]:
+        return frozenset(free_vars(e) & set(self.order))
+
+    def _conditions(self) -> list[_Cond]:
+        raw: list[Expr] = []
+        for iv in self.block.iters:
+            b = self.fold(self.binding[iv.var.name])
+            ext = iv.extent
+            rng = bounds(b, self.ranges)
+            n = _static(ext)
+            if rng is None or rng[0] < 0:
+                raw.append(BinOp(">=", b, Const(0, b.dtype)))
+            if rng is None or n is None or rng[1] >= n:
+                raw.append(BinOp("<", b, ext if ext.dtype == b.dtype else Cast(b.dtype, ext)))
+        if self.block.where is not None:
+            raw += [self.sub(c) for c in conjuncts(self.block.where)]
+        return [_Cond(expr_to_str(c), self.expr(c, None), self.tile_axes(c)) for c in raw]
+
+    def mask(self, within: frozenset[str] | None, target: tuple[str, ...]) -> Expr | None:
+        """The conjuncts using only axes in ``within`` (all when None), as one tile over ``target``."""
+        parts = [c.tile for c in self.conds if within is None or c.axes <= within]
+        if not parts:
+            return None
+        m = _and(self.unify(parts))
+        if m is None or within is None:
+            return m
+        return self.fit(m, target, "mask")
+
+    def access(self, tensor_name: str, indices: tuple[Expr, ...], text: str):
+        """Relax an access whose indices are in loop variables."""
+        return relax_access(tensor_name, indices, self.sizes, block=self.block.name, access=text)
+
+    def load(self, ld: Load, fill: Const | None = None) -> Expr:
+        """A relaxed, masked load, reconciled to the nest's loop order."""
+        index = self.access(ld.tensor.name, ld.indices, expr_to_str(ld))
+        axes = slice_axes(index)
+        mask = self.mask(frozenset(axes), axes)
+        other = fill if fill is not None else Const(False if ld.dtype.is_bool else 0, ld.dtype)
+        tile = TileLoad(ld.tensor, index, mask, other if mask is not None else None)
+        canon = tuple(a for a in self.order if a in axes)
+        return permute(tile, canon)
+
+    def expr(self, e: Expr, acc: tuple[Load, Expr] | None) -> Expr:
+        """A scalar expression in loop variables (see :meth:`sub`) as a tile expression."""
+        if isinstance(e, Load):
+            if acc is not None and e == acc[0]:
+                return acc[1]
+            return self.load(e)
+        if isinstance(e, Var):
+            return self._loopvar(e)
+        if isinstance(e, Const):
+            return e
+        if isinstance(e, BinOp):
+            a, b = self.unify([self.expr(e.a, acc), self.expr(e.b, acc)])
+            return BinOp(e.op, a, b)
+        if isinstance(e, Call):
+            return Call(e.fn, (self.expr(e.args[0], acc),))
+        if isinstance(e, Cast):
+            return Cast(e.type, self.expr(e.value, acc))
+        if isinstance(e, Select):
+            c, t, f = self.unify([self.expr(x, acc) for x in (e.cond, e.true_value, e.false_value)])
+            return Select(c, t, f)
+        raise UntileableNest(f"block {self.block.name!r}: cannot tile expression {e}")
+
+    def _loopvar(self, v: Var) -> Expr:
+        return Iota(v.name, self.sizes[v.name]) if v.name in self.sizes else v
+
+    # ------------------------------------------------------------ classification
+    def translate(self) -> TileStore:
+        b = self.block
+        st = b.store
+        store_text = f"{st.tensor.name}[{', '.join(expr_to_str(i) for i in st.indices)}] (store)"
+        store_indices = tuple(self.sub(i) for i in st.indices)
+        index = self.access(st.tensor.name, store_indices, store_text)
+        out_axes = slice_axes(index)
+        reduce_axes = tuple(a for a in self.order
+                            if any(a in free_vars(self.fold(self.binding[iv.var.name])) for iv in b.reduce_iters))
+        spatial_axes = tuple(a for a in self.order if a not in reduce_axes)
+        for a in spatial_axes:
+            if a not in out_axes and self.sizes[a] != 1:
+                raise UntileableNest(f"block {b.name!r}: the store {store_text} does not use tile loop {a}, "
+                                     f"so {self.sizes[a]} instances would write one element")
+        value_expr = self.sub(st.value)
+        for ld in self._loads(value_expr):
+            if ld.tensor == st.tensor and ld.indices != store_indices and (out_axes or reduce_axes):
+                raise UntileableNest(f"block {b.name!r}: reads {expr_to_str(ld)} from the tensor it writes "
+                                     f"at another index; the tile would read stale values")
+        acc_load = Load(st.tensor, store_indices)
+        canon_out = tuple(a for a in self.order if a in out_axes)
+        if not reduce_axes:
+            acc = self._accumulator(acc_load, canon_out, ())
+            value = self.expr(value_expr, (acc_load, acc) if acc is not None else None)
+            mask = self.mask(None, ())
+        else:
+            value, mask = self._reduction(acc_load, canon_out, reduce_axes)
+        value = self.fit(value, out_axes, f"value stored by {store_text}")
+        if mask is not None:
+            mask = self.fit(mask, out_axes, f"mask of {store_text}")
+        return TileStore(b.name, st.tensor, index, value, mask)
+
+    @staticmethod
+    def _loads(e: Expr) -> list[Load]:
+        from polyfuse.ir.visit import loads
+
+        return loads(e)
+
+    def _first(self, reduce_axes: tuple[str, ...]) -> Expr | None:
+        """True where the tile holds the block's first reduce instance of an output element."""
+        parts = [self.expr(BinOp("==", self.sub(iv.var), Const(0, iv.var.dtype)), None)
+                 for iv in self.block.reduce_iters]
+        parts += [c.tile for c in self.conds]
+        first = _and(self.unify(parts))
+        if first is None:
+            return None
+        for a in reduce_axes:
+            if a in axes_of(first):
+                first = Reduce("or", first, a)
+        return first
+
+    def _accumulator(self, acc_load: Load, canon_out: tuple[str, ...], reduce_axes: tuple[str, ...]) -> Expr | None:
+        """The destination's value before this tile: the init where the tile starts the reduction."""
+        b = self.block
+        if b.reducer is None:
+            return None
+        current = self.fit(self.load(acc_load), canon_out, "accumulator")
+        if b.init is None:
+            return current
+        first = self._first(reduce_axes)
+        init = self.expr(self.sub(b.init), None)
+        if first is None:
+            return init
+        c, i, cur = self.unify([first, init, current])
+        return self.fit(Select(c, i, cur), canon_out, "accumulator")
+
+    def _reduction(self, acc_load: Load, canon_out: tuple[str, ...],
+                   reduce_axes: tuple[str, ...]) -> tuple[Expr, Expr | None]:
+        b = self.block
+        red = b.reducer
+        assert red is not None or not reduce_axes
+        if red is None or red.name not in BUILTIN_REDUCERS:
+            raise UntileableNest(f"block {b.name!r} reduces over tile loop(s) {', '.join(reduce_axes)} "
+                                 f"with {'no' if red is None else 'the custom'} reducer; tiles reduce with "
+                                 f"{', '.join(BUILTIN_REDUCERS)}")
+        raw_term = b.reduce_term()
+        if raw_term is None:
+            raise UntileableNest(f"block {b.name!r}: its update is not acc ⊕ term, so it cannot be reduced "
+                                 f"over tile loop(s) {', '.join(reduce_axes)}")
+        term = self.sub(raw_term)
+        acc = self._accumulator(acc_load, canon_out, reduce_axes)
+        assert acc is not None
+        full = self.mask(None, ())
+        mask = full
+        if mask is not None:
+            for a in reduce_axes:
+                if a in axes_of(mask):
+                    mask = Reduce("or", mask, a)
+        if red.name == "sum" and len(reduce_axes) == 1:
+            dot = self._dot(term, acc, canon_out, reduce_axes[0])
+            if dot is not None:
+                return dot, mask
+        g = self.expr(term, None)
+        if full is not None:
+            c, g2 = self.unify([full, g])
+            g = Select(c, g2, red.identity)
+        g = self.fit(g, union_order([g], self.order) + tuple(a for a in reduce_axes if a not in axes_of(g)),
+                     "reduction term")
+        g = self.fit(g, tuple(a for a in self.order if a in axes_of(g)), "reduction term")
+        for a in reduce_axes:
+            g = Reduce(red.name, g, a)
+        x, y = self.unify([acc, g])
+        return BinOp(_COMBINE_OP[red.name], x, y), mask
+
+    def _dot(self, term: Expr, acc: Expr, canon_out: tuple[str, ...], k: str) -> Expr | None:
+        """``acc + Σ_k x·y`` as a ``Dot`` when the term is (selects around) a product sharing only ``k``."""
+        peeled: list[tuple[Expr, bool]] = []
+        zero_like = (Const(0.0, term.dtype), Const(0, term.dtype))
+        while isinstance(term, Select):
+            if k in self.tile_axes(term.cond):
+                return None
+            if term.true_value in zero_like:
+                peeled.append((term.cond, True))
+                term = term.false_value
+            elif term.false_value in zero_like:
+                peeled.append((term.cond, False))
+                term = term.true_value
+            else:
+                return None
+        if not (isinstance(term, BinOp) and term.op == "*"):
+            return None
+        x, y = self.expr(term.a, None), self.expr(term.b, None)
+        ax, ay = axes_of(x), axes_of(y)
+        if k not in ax or k not in ay or set(ax) | set(ay) != set(canon_out) | {k}:
+            return None
+        for c in self.conds:
+            if k in c.axes:
+                if not (c.axes <= set(ax) and c.axes <= set(ay)):
+                    return None
+        kmask_x, kmask_y = self._kmask(k, ax), self._kmask(k, ay)
+        if kmask_x is not None:
+            m, xx = self.unify([kmask_x, x])
+            x = Select(m, xx, Const(0, x.dtype))
+        if kmask_y is not None:
+            m, yy = self.unify([kmask_y, y])
+            y = Select(m, yy, Const(0, y.dtype))
+        batch = [a for a in self.order if a in ax and a in ay and a != k]
+        m_axes = [a for a in self.order if a in ax and a not in ay]
+        n_axes = [a for a in self.order if a in ay and a not in ax]
+        a_tile = self.fit(x, tuple(batch + m_axes + [k]), "dot operand")
+        b_tile = self.fit(y, tuple(batch + [k] + n_axes), "dot operand")
+        out = tuple(batch + m_axes + n_axes)
+        result: Expr = Dot(a_tile, b_tile, self.fit(acc, out, "dot accumulator"), k)
+        for cond, identity_when_true in reversed(peeled):
+            c = self.fit(self.expr(cond, None), out, "dot condition")
+            keep = self.fit(acc, out, "dot accumulator")
+            result = Select(c, keep, result) if identity_when_true else Select(c, result, keep)
+        return self.fit(result, canon_out, "dot result")
+
+    def _kmask(self, k: str, axes: tuple[str, ...]) -> Expr | None:
+        parts = [c.tile for c in self.conds if k in c.axes and c.axes <= set(axes)]
+        return _and(self.unify(parts)) if parts else None
