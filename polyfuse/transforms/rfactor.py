@@ -89,6 +89,7 @@ def rfactor(program: Program, *, block: str, loop: str, factor_axis: int | None 
         raise IllegalTransform(f"{what}: loop {mixed[0]!r} binds spatial iterations of {block!r} as well as "
                                "reduce ones; rfactor before fusing them")
     red_loops = [s for s in loops if s.var.name in reduce_vars]
+    _check_forward(b, what)
     anchor = _anchor(loops, b, red_loops[0])
     _check_no_other_access(b, anchor, what, set(redirect))
     ndim = b.store.tensor.ndim
@@ -157,6 +158,21 @@ def _associative_commutative(r: Reducer) -> bool:
     if not isinstance(c, BinOp) or c.op not in _ASSOCIATIVE_COMMUTATIVE or {c.a, c.b} != {r.lhs, r.rhs}:
         return False
     return r.identity == builtin_reducer(_ASSOCIATIVE_COMMUTATIVE[c.op], r.dtype).identity
+
+
+def _check_forward(b: Block, what: str) -> None:
+    """The reduction must run forward: its init happens at reduce index 0, which must be the first
+    update the loops execute, or regrouping the updates changes what the program computes."""
+    from polyfuse.ir.affine import linear_form
+
+    for iv, bnd in zip(b.iters, b.bindings, strict=True):
+        if not iv.is_reduce:
+            continue
+        backwards = sorted(str(k) for k, c in linear_form(bnd).items() if k != 1 and c < 0)
+        if backwards:
+            raise IllegalTransform(f"{what}: loop(s) {', '.join(backwards)} run the reduction of {b.name!r} "
+                                   f"backwards ({iv.var.name} = {bnd}); its init, at {iv.var.name} = 0, would not "
+                                   "come first, and regrouping would change the result")
 
 
 def _anchor(loops: list[Loop], b: Block, outer_reduce: Loop) -> Loop:
