@@ -5,20 +5,37 @@ from __future__ import annotations
 from polyfuse.ir import ProgramBuilder, Program, exp, maximum, reduce, spatial
 
 
-def softmax_sum(symbolic: bool = True, n: int = 2, m: int = 4) -> Program:
-    """Neptune Fig. 1a."""
+def softmax_sum(symbolic: bool = True, n: int = 2, m: int = 4, *, layout: str = "plain",
+                sizes: tuple[str | int, str | int] | None = None) -> Program:
+    """Neptune Fig. 1a (``plain``), its naive fusion Fig. 1b (``naive``: all three blocks under
+    loops i, j), or ``naive_reversed_max`` (Fig. 1b with s_max's reduce loop run backwards).
+
+    Sizes are ``N, M`` parameters (``symbolic``), the integers ``n, m``, or ``sizes`` mixing both
+    (a name is a size parameter)."""
     p = ProgramBuilder("softmax_sum")
-    N, M = p.sizes("N", "M") if symbolic else (n, m)
+    if sizes is None:
+        sizes = ("N", "M") if symbolic else (n, m)
+    N, M = (p.size(x) if isinstance(x, str) else x for x in sizes)
     inp = p.input("inp", (N, M), "f32")
     xmax = p.temp("xmax", (N,), "f32")
     xexp = p.temp("xexp", (N, M), "f32")
     xsum = p.output("xsum", (N,), "f32")
-    with p.nest("s_max", i=N, j=reduce(M)) as (i, j):
-        xmax[i] = maximum(xmax[i], inp[i, j])
-    with p.nest("s_exp", i=N, j=M) as (i, j):
-        xexp[i, j] = exp(inp[i, j] - xmax[i])
-    with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
-        xsum[i] = xsum[i] + xexp[i, j]
+    if layout == "plain":
+        with p.nest("s_max", i=N, j=reduce(M)) as (i, j):
+            xmax[i] = maximum(xmax[i], inp[i, j])
+        with p.nest("s_exp", i=N, j=M) as (i, j):
+            xexp[i, j] = exp(inp[i, j] - xmax[i])
+        with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
+            xsum[i] = xsum[i] + xexp[i, j]
+        return p.build()
+    with p.loop("i", N) as li, p.loop("j", M) as lj:
+        jmax = M - 1 - lj if layout == "naive_reversed_max" else lj
+        with p.block("s_max", i=spatial(N, li), j=reduce(M, jmax)) as (i, j):
+            xmax[i] = maximum(xmax[i], inp[i, j])
+        with p.block("s_exp", i=spatial(N, li), j=spatial(M, lj)) as (i, j):
+            xexp[i, j] = exp(inp[i, j] - xmax[i])
+        with p.block("s_sum", i=spatial(N, li), j=reduce(M, lj)) as (i, j):
+            xsum[i] = xsum[i] + xexp[i, j]
     return p.build()
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ir_programs
+
 import time
 
 import islpy as isl
@@ -17,32 +19,8 @@ from polyfuse.ir import (
 
 
 def softmax_sum(*, layout: str = "plain", sizes: tuple = ("N", "M")) -> Program:
-    """Neptune Fig. 1a (``plain``), its naive fusion Fig. 1b (``naive``), or variants.
-
-    ``naive_reversed_max``: Fig. 1b with s_max's reduce loop run backwards.
-    """
-    p = ProgramBuilder("softmax_sum")
-    N, M = (p.size(s) if isinstance(s, str) else s for s in sizes)
-    inp = p.input("inp", (N, M), "f32")
-    xmax, xexp = p.temp("xmax", (N,), "f32"), p.temp("xexp", (N, M), "f32")
-    xsum = p.output("xsum", (N,), "f32")
-    if layout == "plain":
-        with p.nest("s_max", i=N, j=reduce(M)) as (i, j):
-            xmax[i] = maximum(xmax[i], inp[i, j])
-        with p.nest("s_exp", i=N, j=M) as (i, j):
-            xexp[i, j] = exp(inp[i, j] - xmax[i])
-        with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
-            xsum[i] = xsum[i] + xexp[i, j]
-        return p.build()
-    with p.loop("i", N) as li, p.loop("j", M) as lj:
-        jmax = M - 1 - lj if layout == "naive_reversed_max" else lj
-        with p.block("s_max", i=spatial(N, li), j=reduce(M, jmax)) as (i, j):
-            xmax[i] = maximum(xmax[i], inp[i, j])
-        with p.block("s_exp", i=spatial(N, li), j=spatial(M, lj)) as (i, j):
-            xexp[i, j] = exp(inp[i, j] - xmax[i])
-        with p.block("s_sum", i=spatial(N, li), j=reduce(M, lj)) as (i, j):
-            xsum[i] = xsum[i] + xexp[i, j]
-    return p.build()
+    """Neptune Fig. 1a / 1b (see ``ir_programs.softmax_sum``) with symbolic or integer sizes."""
+    return ir_programs.softmax_sum(layout=layout, sizes=sizes)
 
 
 def softmax_split_exp() -> Program:

@@ -11,6 +11,8 @@ pairs a transformed program runs sink-first.
 
 from __future__ import annotations
 
+import ir_programs
+
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
@@ -165,26 +167,7 @@ def assert_violations_match_execution(original: Program, new: Program) -> list[d
 
 
 def softmax_sum(N: int, M: int, *, fused: bool = False) -> Program:
-    p = ProgramBuilder("softmax_sum")
-    inp = p.input("inp", (N, M), "f32")
-    xmax, xexp = p.temp("xmax", (N,), "f32"), p.temp("xexp", (N, M), "f32")
-    xsum = p.output("xsum", (N,), "f32")
-    if not fused:
-        with p.nest("s_max", i=N, j=reduce(M)) as (i, j):
-            xmax[i] = maximum(xmax[i], inp[i, j])
-        with p.nest("s_exp", i=N, j=M) as (i, j):
-            xexp[i, j] = exp(inp[i, j] - xmax[i])
-        with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
-            xsum[i] = xsum[i] + xexp[i, j]
-        return p.build()
-    with p.loop("i", N) as li, p.loop("j", M) as lj:
-        with p.block("s_max", i=spatial(N, li), j=reduce(M, lj)) as (i, j):
-            xmax[i] = maximum(xmax[i], inp[i, j])
-        with p.block("s_exp", i=spatial(N, li), j=spatial(M, lj)) as (i, j):
-            xexp[i, j] = exp(inp[i, j] - xmax[i])
-        with p.block("s_sum", i=spatial(N, li), j=reduce(M, lj)) as (i, j):
-            xsum[i] = xsum[i] + xexp[i, j]
-    return p.build()
+    return ir_programs.softmax_sum(False, N, M, layout="naive" if fused else "plain")
 
 
 def stencil(N: int, *, variant: str = "plain") -> Program:
