@@ -3,4 +3,11 @@
 from polyfuse.errors import PolyfuseError
 
 __version__ = "0.1.0"
-__all__ = ["PolyfuseError", "__version__"]
+__all__ = ["PolyfuseError", "__version__", "build"]
+
+
+def build(program_or_schedule, target="cpp", **options):
+    """Compile a Program or Schedule into a runnable Kernel (see :func:`polyfuse.build.build`)."""
+    from polyfuse.build import build as _build
+
+    return _build(program_or_schedule, target, **options)

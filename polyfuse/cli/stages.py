@@ -93,16 +93,30 @@ def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
     return tiling.interpret(tiling.to_tiles(subject.schedule().program), inputs)
 
 
+def _cpp_source(subject: Subject) -> str:
+    from polyfuse.build import stages
+
+    return f"// {subject}: generated host C++\n{stages(subject.schedule(), 'cpp').source.text}"
+
+
+def _run_cpp(subject: Subject, inputs: Arrays) -> Arrays:
+    from polyfuse.build import build
+
+    return build(subject.schedule(), "cpp", sizes=subject.sizes).run(inputs)
+
+
 STAGES: dict[str, Callable[[Subject], str]] = {
     "plain": _plain_source,
     "fused": _fused_source,
     "tile": _tile_source,
+    "cpp": _cpp_source,
 }
 
 BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
     "interp": _interpret_plain,
     "fused": _interpret_fused,
     "tile": _interpret_tiles,
+    "cpp": _run_cpp,
 }
 
 

@@ -1,0 +1,68 @@
+"""The one pipeline entry: program or schedule → tile program → source → compiled kernel.
+
+Each stage has a name and a text form (``STAGE_ORDER``); :func:`stages` returns them all, for
+``polyfuse show --stage`` and for debugging, and :func:`build` runs them to a :class:`Kernel`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from polyfuse.emit_cpp import KernelSource, Target, emit
+from polyfuse.errors import BackendUnavailable, PolyfuseError
+from polyfuse.ir.stmt import Program
+from polyfuse.tiling.htile import TileProgram
+
+STAGE_ORDER = ("program", "tile", "source", "kernel")
+
+
+@dataclass(frozen=True)
+class Stages:
+    """Every stage of one build: the loop program, its tile program and the generated source."""
+
+    program: Program
+    tile: TileProgram
+    source: KernelSource
+
+    def dump(self, stage: str) -> str:
+        if stage == "program":
+            return str(self.program)
+        if stage == "tile":
+            return str(self.tile)
+        if stage == "source":
+            return self.source.text
+        raise PolyfuseError(f"no stage {stage!r}; stages are {', '.join(STAGE_ORDER[:-1])}")
+
+
+def _program(program_or_schedule: object) -> Program:
+    if isinstance(program_or_schedule, Program):
+        return program_or_schedule
+    program = getattr(program_or_schedule, "program", None)
+    if isinstance(program, Program):
+        return program
+    raise PolyfuseError(f"build needs a Program or a Schedule, got {type(program_or_schedule).__name__}")
+
+
+def stages(program_or_schedule: object, target: Target | str = "cpp") -> Stages:
+    """Run the pipeline up to the source text."""
+    from polyfuse.tiling import to_tiles
+
+    program = _program(program_or_schedule)
+    tile = to_tiles(program)
+    return Stages(program, tile, emit(tile, target))
+
+
+def build(program_or_schedule: object, target: Target | str = "cpp", *,
+          sizes: Mapping[str, int] | None = None, werror: bool = False):
+    """Compile ``program_or_schedule`` (a Program, or a Schedule's program) into a :class:`Kernel`.
+
+    ``sizes`` binds size parameters once (a call may still override them).
+    """
+    from polyfuse.runtime import Kernel, compile_host
+
+    built = stages(program_or_schedule, target)
+    if built.source.target.backend != "cpp":
+        raise BackendUnavailable(f"no runtime for backend {built.source.target.backend!r} yet")
+    library = compile_host(built.source.text, built.source.entry, werror=werror)
+    return Kernel(built.source, library, sizes)

@@ -1,0 +1,89 @@
+"""Compile host C++ with g++ into a shared library, cached on disk.
+
+The cache lives in ``$XDG_CACHE_HOME/polyfuse`` (``~/.cache/polyfuse`` by default); a library's
+name is a hash of the source, the runtime headers, the compiler's version and the flags, so a
+change to any of them builds anew.  Several processes may build one kernel at once: each
+compiles into its own temporary file in the cache directory and renames it into place with
+``os.replace`` (atomic), so a reader sees either no library or a complete one.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from polyfuse.errors import BackendUnavailable, InternalError
+
+RUNTIME_DIR = Path(__file__).resolve().parent.parent.parent / "runtime"
+"""The helper headers (``polyfuse_host.h``), found relative to the package (editable install)."""
+
+FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC",
+         "-Wall", "-Wextra")
+
+
+def cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/polyfuse``, or ``~/.cache/polyfuse``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "polyfuse"
+
+
+def compiler() -> str:
+    """The C++ compiler: ``$CXX`` when set, else ``g++`` (BackendUnavailable if missing)."""
+    name = os.environ.get("CXX", "g++")
+    path = shutil.which(name)
+    if path is None:
+        raise BackendUnavailable(f"the host C++ backend needs a C++ compiler; {name!r} is not on PATH")
+    return path
+
+
+@functools.lru_cache(maxsize=4)
+def _version(path: str) -> str:
+    out = subprocess.run([path, "--version"], capture_output=True, text=True, check=False)
+    return out.stdout.splitlines()[0] if out.stdout else path
+
+
+def _headers_digest() -> str:
+    if not (RUNTIME_DIR / "polyfuse_host.h").is_file():
+        raise BackendUnavailable(f"runtime headers not found in {RUNTIME_DIR} (polyfuse_host.h)")
+    h = hashlib.sha256()
+    for p in sorted(RUNTIME_DIR.glob("*.h")):
+        h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def compile_host(source: str, name: str = "kernel", *, werror: bool = False) -> Path:
+    """Path of the shared library built from ``source`` (built now unless cached).
+
+    ``werror`` turns warnings into errors (the tests build every kernel so).
+    """
+    cxx = compiler()
+    flags = (*FLAGS, "-Werror") if werror else FLAGS
+    key = "\0".join([source, _headers_digest(), _version(cxx), " ".join(flags), platform.machine()])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    lib = directory / f"{name}-{digest}.so"
+    if lib.exists():
+        return lib
+    fd, tmp_src = tempfile.mkstemp(suffix=".cpp", prefix=f".{name}-", dir=directory)
+    with os.fdopen(fd, "w") as f:
+        f.write(source)
+    tmp_lib = tmp_src[:-4] + ".so"
+    try:
+        cmd = [cxx, *flags, f"-I{RUNTIME_DIR}", tmp_src, "-o", tmp_lib]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise InternalError(f"g++ failed on the generated kernel {name!r} (a polyfuse bug):\n"
+                                f"{done.stderr[-4000:]}")
+        os.replace(tmp_lib, lib)
+    finally:
+        for p in (tmp_src, tmp_lib):
+            if os.path.exists(p):
+                os.unlink(p)
+    return lib
