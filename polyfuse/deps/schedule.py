@@ -68,14 +68,8 @@ def _block_schedule(block: Block, headers: tuple[tuple[str, object], ...], path:
         raise IRError(f"block {block.name!r} has {len(block.iters)} iteration variables "
                       f"but {len(block.bindings)} bindings")
     names = [lp.var.name for lp in loops]
-    env = dim_env(names, params)
-    penv = param_env(params)
-    bounds = [f"0 <= _a{k} < {aff_text(lp.extent, penv, what=f'extent of loop {lp.var.name!r}')}"
-              for k, lp in enumerate(loops)]
-    binds = [aff_text(b, env, what=f"block {block.name!r}, binding of {iv.var.name!r}")
-             for iv, b in zip(block.iters, block.bindings, strict=True)]
-    point_to_instance = build_map(params, names, binds, bounds, out_name=block.name,
-                                  out_dims=[iv.var.name for iv in block.iters]).intersect_range(domain)
+    bounds = _loop_bounds(loops, params)
+    point_to_instance = loop_point_to_instance(block, loops, params, domain)
     time = [str(path[0])]
     for k in range(len(loops)):
         time += [f"_a{k}", str(path[k + 1])]
@@ -83,6 +77,23 @@ def _block_schedule(block: Block, headers: tuple[tuple[str, object], ...], path:
     point_to_time = build_map(params, names, time, bounds)
     _check_executed_once(block, point_to_instance, domain)
     return point_to_instance.reverse().apply_range(point_to_time)
+
+
+def _loop_bounds(loops, params: tuple[str, ...]) -> list[str]:
+    penv = param_env(params)
+    return [f"0 <= _a{k} < {aff_text(lp.extent, penv, what=f'extent of loop {lp.var.name!r}')}"
+            for k, lp in enumerate(loops)]
+
+
+def loop_point_to_instance(block: Block, loops, params: tuple[str, ...], domain: isl.Set) -> isl.Map:
+    """``{ [loop point] -> B[iters] }``: the block's bindings over the loop box, restricted to its
+    domain (the implied guard).  ``loops`` are the loops that bind it, outermost first."""
+    names = [lp.var.name for lp in loops]
+    env = dim_env(names, params)
+    binds = [aff_text(b, env, what=f"block {block.name!r}, binding of {iv.var.name!r}")
+             for iv, b in zip(block.iters, block.bindings, strict=True)]
+    return build_map(params, names, binds, _loop_bounds(loops, params), out_name=block.name,
+                     out_dims=[iv.var.name for iv in block.iters]).intersect_range(domain)
 
 
 class _Header:

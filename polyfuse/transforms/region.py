@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
+from polyfuse.deps.schedule import loop_point_to_instance
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Expr, Var, const
 from polyfuse.ir.simplify import simplify
@@ -37,15 +37,7 @@ def instances_at(params: Sequence[str], kept: Sequence[Loop], hidden: Sequence[L
     ``hidden`` (inner) ones are projected out.  Only instances inside the
     block's iteration ``domain`` count (the implied guard).
     """
-    loops = [*kept, *hidden]
-    names = [lp.var.name for lp in loops]
-    env, penv = dim_env(names, params), param_env(params)
-    bounds = [f"0 <= _a{k} < {aff_text(lp.extent, penv, what=f'extent of loop {lp.var.name!r}')}"
-              for k, lp in enumerate(loops)]
-    binds = [aff_text(b, env, what=f"block {block.name!r}, binding of {iv.var.name!r}")
-             for iv, b in zip(block.iters, block.bindings, strict=True)]
-    rel = build_map(params, names, binds, bounds, out_name=block.name,
-                    out_dims=[iv.var.name for iv in block.iters]).intersect_range(domain)
+    rel = loop_point_to_instance(block, [*kept, *hidden], tuple(params), domain)
     return rel.project_out(isl.dim_type.in_, len(kept), len(hidden))
 
 
