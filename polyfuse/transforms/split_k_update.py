@@ -33,14 +33,16 @@ from __future__ import annotations
 
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Expr, Load, Var
-from polyfuse.ir.stmt import Program
+from polyfuse.ir.stmt import Loop, Program, Seq
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import loads
-from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
-from polyfuse.transforms.dataflow import find_producers, inline_paths, naive_fuse_aligned, rolled_by, under
+from polyfuse.ir.visit import loads, seq
+from polyfuse.transforms.compute_at import naive_reverse_compute_at, own_nest, reverse_compute_at
+from polyfuse.transforms.dataflow import (
+    body_children, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by, under,
+)
 from polyfuse.transforms.fusion_common import Fusion, guard_term, repaired_update, replace_block, solve_for
 from polyfuse.transforms.rfactor import read_partials
-from polyfuse.transforms.tree import find_loop, loops_of
+from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
 
 def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
@@ -170,9 +172,6 @@ def local_block(program: Program, producer: str, anchor: str, loop: str) -> str:
 
 def _after_local_producers(program: Program, consumer_rf: str, locals_: list[str], loop: str) -> Program:
     """Move the consumer's local nest after the producers' local nests inside the split loop."""
-    from polyfuse.transforms.dataflow import body_children, child_containing
-    from polyfuse.transforms.tree import replace_node
-    from polyfuse.ir.visit import seq
 
     lp = find_loop(program, consumer_rf, loop)
     mine = child_containing(lp, consumer_rf)
@@ -235,10 +234,6 @@ def _is_producer_index(idx: Expr, ld: Load) -> bool:
 
 def _after_producer_combines(program: Program, block: str, producers: list[str]) -> Program:
     """Move the consumer's combine nest after the producers' combine nests in the body holding them."""
-    from polyfuse.ir.stmt import Loop, Seq
-    from polyfuse.ir.visit import seq
-    from polyfuse.transforms.compute_at import own_nest
-    from polyfuse.transforms.tree import block_path, replace_node
 
     nest = own_nest(program, block)
     path, _ = block_path(program, block)
@@ -246,7 +241,7 @@ def _after_producer_combines(program: Program, block: str, producers: list[str])
     body = program.body if parent is None else parent.body
     kids = list(body.stmts) if isinstance(body, Seq) else [body]
     mine = next(k for k, c in enumerate(kids) if c is nest)
-    theirs = [k for k, c in enumerate(kids) if any(b.name in producers for b in _blocks(c))]
+    theirs = [k for k, c in enumerate(kids) if any(b.name in producers for b in blocks_under(c))]
     if not theirs or mine > max(theirs):
         return program
     kids.insert(max(theirs), kids.pop(mine))
@@ -256,15 +251,8 @@ def _after_producer_combines(program: Program, block: str, producers: list[str])
 
 
 def _holds(body, nest) -> bool:
-    from polyfuse.ir.stmt import Seq
 
     return body is nest or (isinstance(body, Seq) and any(c is nest for c in body.stmts))
-
-
-def _blocks(s):
-    from polyfuse.transforms.tree import blocks_under
-
-    return blocks_under(s)
 
 
 __all__ = ["split_k_update"]
