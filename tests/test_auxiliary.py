@@ -1,18 +1,25 @@
 """State repairs with auxiliary accumulators (issue #9): the polynomial-in-r terms fuse exactly,
-keep the two-pass program's accuracy at a large common offset, and non-polynomial terms without
-a repair are still refused with the reason."""
+by rolling update and by split-k update (partial states at split-local references, combined by
+Chan's parallel formula), keep the two-pass program's accuracy at a large common offset, and
+non-polynomial terms without a repair are still refused with the reason."""
 
 from __future__ import annotations
+
+import functools
+import shutil
 
 import numpy as np
 import pytest
 import sympy
 
-from polyfuse import ops
+from polyfuse import ops, tiling
+from polyfuse.pipeline import build
 from polyfuse.errors import NoRepairFound
-from polyfuse.ir import ProgramBuilder, exp, interpret, reduce
+from polyfuse.ir import ProgramBuilder, exp, interpret, maximum, reduce
 from polyfuse.ir.visit import loads
 from polyfuse.ops.schedules import default_schedule
+from polyfuse.tiling import to_tiles
+from polyfuse.transforms import Schedule
 from polyfuse.transforms.repair import solve_repair
 
 OFFSET = 1e6
@@ -53,15 +60,19 @@ def _solve(block):
 
 
 def _chain(consumer_term):
+    return _chain_program(consumer_term).block("s_s")
+
+
+def _chain_program(consumer_term, producer="sum"):
     p = ProgramBuilder("chain")
     x = p.input("x", (4, 8), "f32")
     m = p.temp("m", (4,), "f32")
     s = p.output("s", (4,), "f32")
     with p.nest("s_m", i=4, j=reduce(8)) as (i, j):
-        m[i] = m[i] + x[i, j]
+        m[i] = m[i] + x[i, j] if producer == "sum" else maximum(m[i], x[i, j])
     with p.nest("s_s", i=4, j=reduce(8)) as (i, j):
         s[i] = s[i] + consumer_term(x[i, j], m[i])
-    return p.build().block("s_s")
+    return p.build()
 
 
 def test_cubic_term_gets_three_auxiliaries_with_a_binomial_repair():
@@ -88,3 +99,158 @@ def test_explain_lists_the_auxiliary_reductions(capsys):
     text = fusion_text(Subject.of("variance", "default", {}))
     assert "auxiliary reductions" in text and "s_var_aux1" in text
     assert "Taylor coefficient" in text and "reference point" in text
+
+
+# ------------------------------------------------------------------ split-k update
+
+SPLIT_K = {  # operator -> (producer block, its reduce loop, consumers, output)
+    "variance": ("s_mean", "j", ("s_var",), "var"),
+    "layernorm_stats": ("s_mean", "j", ("s_var",), "var"),
+    "inertia": ("s_mass", "n", ("s_center", "s_inertia"), "inertia"),
+}
+SPLIT_K_CASES = [(name, splits) for name in SPLIT_K for splits in (4, 3)]  # 40 elements: 4 x 10, and 14 + 14 + 12
+
+
+@functools.cache
+def _split_k(name: str, splits: int) -> Schedule:
+    producer, loop, consumers, _ = SPLIT_K[name]
+    sch = Schedule(ops.get(name).program("default"))
+    j0, _ = sch.split(sch.loop(producer, loop), [splits, None])
+    for consumer in consumers:
+        sch.split_k_update(consumer, j0)
+    sch.compact_buffers()
+    return sch
+
+
+@pytest.mark.parametrize("name, splits", SPLIT_K_CASES)
+def test_split_k_state_repair_matches_numpy(name, splits):
+    op = ops.get(name)
+    sizes = op.sizes("default")
+    program = _split_k(name, splits).program
+    for seed in (0, 1, 2):
+        for magnitude in op.magnitudes:
+            inputs = op.inputs(seed, "default", None, magnitude)
+            result = ops.compare(interpret(program, inputs), op.reference(inputs, "default", sizes),
+                                 op.tolerance("default", sizes))
+            assert result.ok, f"{name} splits={splits} seed={seed} magnitude={magnitude}: {result.line()}"
+
+
+@pytest.mark.parametrize("name, splits", SPLIT_K_CASES)
+def test_split_k_keeps_two_pass_accuracy_at_a_large_offset(name, splits):
+    op = ops.get(name)
+    key = SPLIT_K[name][3]
+    program = op.program("default")
+    fused = _split_k(name, splits).program
+    for seed in (0, 1):
+        inputs = op.inputs(seed, "default", None, OFFSET)
+        ref = op.reference(inputs, "default", op.sizes("default"))[key]
+        unfused_err = _relative_error(interpret(program, inputs)[key], ref)
+        fused_err = _relative_error(interpret(fused, inputs)[key], ref)
+        assert fused_err <= 10 * unfused_err, f"{name} seed={seed}: fused {fused_err:.3g}, unfused {unfused_err:.3g}"
+
+
+@pytest.mark.parametrize("name, splits", SPLIT_K_CASES)
+def test_split_k_partial_states_are_local_and_the_combine_reads_them(name, splits):
+    """One local nest per split holds X and its auxiliaries; no global auxiliary is left (the combine
+    reads the partial states); a split holding fewer elements counts its share for its reference."""
+    sch = _split_k(name, splits)
+    consumer = SPLIT_K[name][2][-1]
+    fusion = next(f for f in sch.fusions if f.consumer == consumer)
+    aux = [f"{consumer}_{a.name}_rf" for a in fusion.repair.auxiliaries]
+    assert fusion.repair.auxiliaries and set(aux) <= set(fusion.created)
+    program = sch.program
+    combine = program.block(consumer)
+    partials = {ld.tensor.name for ld in loads(combine.store.value)}
+    assert {program.block(a).store.tensor.name for a in aux} <= partials
+    names = {t.name for t in program.tensors}
+    assert not any(n.endswith(("_aux1", "_aux2")) for n in names), "a global auxiliary accumulator is dead code"
+    counted = any(b.name.endswith("_seen") for b in program.blocks())
+    assert counted == (name != "inertia" and splits == 3)
+    if name != "inertia":
+        assert fusion.notes and "reference point" in fusion.notes[0]
+
+
+@pytest.mark.parametrize("name, splits", SPLIT_K_CASES)
+def test_split_k_tile_program_matches_numpy(name, splits):
+    op = ops.get(name)
+    sizes = op.sizes("default")
+    tiles = to_tiles(_split_k(name, splits).program)
+    for magnitude in (*op.magnitudes, OFFSET):
+        inputs = op.inputs(0, "default", None, magnitude)
+        ref = op.reference(inputs, "default", sizes)
+        got = tiling.interpret(tiles, inputs)
+        if magnitude == OFFSET:
+            key = SPLIT_K[name][3]
+            unfused_err = _relative_error(interpret(op.program("default"), inputs)[key], ref[key])
+            assert _relative_error(got[key], ref[key]) <= 10 * unfused_err
+        else:
+            result = ops.compare(got, ref, op.tolerance("default", sizes))
+            assert result.ok, f"{name} splits={splits} magnitude={magnitude}: {result.line()}"
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ on PATH")
+@pytest.mark.parametrize("name, splits", SPLIT_K_CASES)
+def test_split_k_host_cpp_matches_numpy(name, splits):
+    op = ops.get(name)
+    sizes = op.sizes("default")
+    kernel = build(_split_k(name, splits).program, werror=True)
+    for magnitude in (*op.magnitudes, OFFSET):
+        inputs = op.inputs(1, "default", None, magnitude)
+        ref = op.reference(inputs, "default", sizes)
+        got = kernel.run(inputs)
+        if magnitude == OFFSET:
+            key = SPLIT_K[name][3]
+            unfused_err = _relative_error(interpret(op.program("default"), inputs)[key], ref[key])
+            assert _relative_error(got[key], ref[key]) <= 10 * unfused_err
+        else:
+            result = ops.compare(got, ref, op.tolerance("default", sizes))
+            assert result.ok, f"{name} splits={splits} magnitude={magnitude}: {result.line()}"
+
+
+def test_split_k_trace_replays_to_the_same_program():
+    sch = _split_k("inertia", 3)
+    again = Schedule(ops.get("inertia").program("default")).replay(sch.trace.to_json())
+    assert again.program == sch.program
+
+
+def test_split_k_combine_of_the_variance_state_is_chans_formula():
+    """Σ_s h(S_s, A1_s, A2_s; r_s -> r) over two splits with their own references equals Σ (c - r)²:
+    with S1 = Σ (c - r_s) and n = count, S2_s + 2(r_s - r)·S1_s + n_s·(r_s - r)² per split."""
+    r = _solve(_chain(lambda x, m: (x - m) * (x - m)))
+    assert "split-k combine" in r.cases and "Chan" in r.cases
+    (m,), (m2,) = r.old, r.new
+    splits = [[sympy.Symbol(f"c{s}{k}", real=True) for k in range(2 + s)] for s in range(2)]
+    refs = [sympy.Symbol(f"r{s}", real=True) for s in range(2)]
+    combined = sympy.Integer(0)
+    for cs, ref in zip(splits, refs, strict=True):
+        states = [sum((t.xreplace({sym: c for sym in t.free_symbols - {m}}).xreplace({m: ref}) for c in cs),
+                      sympy.Integer(0)) for t in (r.g, *(a.g for a in r.auxiliaries))]
+        combined += r.h.xreplace({r.t: states[0], **dict(zip(r.state, states[1:], strict=True)), m: ref})
+        chan = (sum((c - ref) ** 2 for c in cs) + 2 * (ref - m2) * sum(c - ref for c in cs)
+                + len(cs) * (ref - m2) ** 2)
+        assert sympy.expand(sum((c - m2) ** 2 for c in cs) - chan) == 0
+    everything = sum((c - m2) ** 2 for cs in splits for c in cs)
+    assert sympy.expand(combined - everything) == 0
+
+
+def test_split_k_of_a_non_polynomial_term_is_refused_with_the_reason():
+    sch = Schedule(_chain_program(lambda x, m: exp(x * m) + exp(x - m) * x))
+    j0, _ = sch.split(sch.loop("s_m", "j"), [2, None])
+    with pytest.raises(NoRepairFound, match="not a polynomial in m"):
+        sch.split_k_update("s_s", j0)
+
+
+@pytest.mark.parametrize("fusion", ["rolling_update", "split_k_update"])
+def test_polynomial_in_a_max_keeps_the_empty_state_while_the_max_is_minus_inf(fusion):
+    """Σ (x - max)²: the state starts where the previous max is -inf; h would compute 0·inf there.
+    Every component of the state (the count Σ 1 too) is guarded alike, so it is empty and kept."""
+    program = _chain_program(lambda x, m: (x - m) * (x - m), producer="max")
+    sch = Schedule(program)
+    if fusion == "rolling_update":
+        sch.rolling_update("s_s", sch.loop("s_m", "j"))
+    else:
+        j0, _ = sch.split(sch.loop("s_m", "j"), [3, None])
+        sch.split_k_update("s_s", j0)
+    inputs = {"x": np.random.default_rng(0).uniform(-2.0, 2.0, (4, 8)).astype(np.float32)}
+    got, ref = interpret(sch.program, inputs)["s"], interpret(program, inputs)["s"]
+    assert np.all(np.isfinite(got)) and np.allclose(got, ref, rtol=1e-5)

@@ -23,7 +23,9 @@ Each repair ``h_α(t, A, r, r')`` is a :class:`~polyfuse.transforms.repair.Repai
 whose ``state`` symbols stand for the auxiliary accumulators *before* the update
 (the fusions order the updates X, A_1, …, so each reads the higher ones not yet
 updated).  The whole map is proven symbolically: every component, summed over a
-symbolic sample of three elements, is expanded and compared at r and r'.
+symbolic sample of three elements, is expanded and compared at r and r' (rolling
+update); and partial states of a split sample, each taken at its own reference ρ_s,
+shifted to r' and added, equal the whole sample's state at r' (the split-k combine).
 """
 
 from __future__ import annotations
@@ -35,17 +37,17 @@ from typing import TYPE_CHECKING
 
 import sympy
 
-from polyfuse.errors import PolyfuseError
-from polyfuse.ir.expr import Expr, Load, cast
+from polyfuse.errors import InternalError, PolyfuseError
+from polyfuse.ir.expr import Const, Expr, Load, cast, const
 from polyfuse.ir.stmt import Block, Program, Store, Tensor
-from polyfuse.ir.visit import loads, map_expr, seq
+from polyfuse.ir.visit import free_vars, loads, map_expr, seq
 from polyfuse.symbolic import from_sympy
 from polyfuse.transforms.tree import block_path, replace_node
 
 if TYPE_CHECKING:
     from polyfuse.transforms.repair import Repair
 
-__all__ = ["Auxiliary", "add_auxiliary_blocks", "estimate", "plain_sum", "polynomial_state",
+__all__ = ["Auxiliary", "add_auxiliary_blocks", "add_sibling_sums", "estimate", "plain_sum", "polynomial_state",
            "with_references"]
 
 MAX_AUXILIARIES = 12
@@ -107,7 +109,8 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
     proof = (f"no single repair ({'; '.join(reasons)}); g is a polynomial of degree {degree} in "
              f"{', '.join(map(str, old))}: Taylor's formula is exact, "
              f"so (X, {', '.join(map(str, state))}) transforms by a binomial matrix in δ = r' - r; proven "
-             f"symbolically over a sample of {_SAMPLE} elements")
+             f"symbolically over a sample of {_SAMPLE} elements, and for the split-k combine (partial states at "
+             "split-local references, each shifted to r' and added: Chan's parallel formula)")
     auxiliaries = []
     for k, ((alphas, term), h) in enumerate(zip(classes, hs[1:], strict=True)):
         try:
@@ -155,13 +158,15 @@ def _why(alphas: list[tuple[int, ...]], old: list[sympy.Symbol]) -> str:
 
 
 def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[sympy.Symbol, ...]) -> str | None:
-    """None if, summed over a symbolic sample, every component maps its value at r to its value at r'."""
+    """None if, summed over a symbolic sample, every component maps its value at r to its value at r'
+    (rolling update), and partial states of a split sample, each at its own reference, shift to r'
+    and add up to the whole sample's state (the split-k combine); else what failed."""
     cs = [c for c in solver.cs if any(c in t.free_symbols for t in terms)]
     samples = [{c: sympy.Symbol(f"{c}_{s}", real=True) for c in cs} for s in range(_SAMPLE)]
     renew = dict(zip(solver.old, solver.new, strict=True))
 
-    def total(term: sympy.Expr) -> sympy.Expr:
-        return sum((term.xreplace(sub) for sub in samples), sympy.Integer(0))
+    def total(term: sympy.Expr, part: range = range(_SAMPLE)) -> sympy.Expr:
+        return sum((term.xreplace(samples[s]) for s in part), sympy.Integer(0))
 
     at_old = [total(t) for t in terms]
     values = dict(zip(state, at_old[1:], strict=True))
@@ -169,6 +174,16 @@ def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[s
         residue = sympy.expand(h.xreplace({solver.t: value, **values}) - value.xreplace(renew))
         if residue != 0:
             return f"for the component Σ {term}, h = {h} leaves {residue}"
+    # The combine: splits {0, 1} and {2} with references ρ_k of their own.
+    parts = (range(0, _SAMPLE - 1), range(_SAMPLE - 1, _SAMPLE))
+    refs = [{r: sympy.Symbol(f"{r}_ref{k}", real=True) for r in solver.old} for k in range(len(parts))]
+    partial = [[total(t, part).xreplace(ref) for t in terms] for part, ref in zip(parts, refs, strict=True)]
+    for k, (term, h) in enumerate(zip(terms, hs, strict=True)):
+        combined = sum((h.xreplace({solver.t: p[k], **dict(zip(state, p[1:], strict=True)), **ref})
+                        for p, ref in zip(partial, refs, strict=True)), sympy.Integer(0))
+        residue = sympy.expand(combined - at_old[k].xreplace(renew))
+        if residue != 0:
+            return f"combining partial states of Σ {term} at split-local references with h = {h} leaves {residue}"
     return None
 
 
@@ -176,24 +191,43 @@ def add_auxiliary_blocks(program: Program, block: str, repair: Repair) -> tuple[
     """``block`` followed, in the same loops, by one reduction per auxiliary of ``repair``.
 
     Each ``<block>_<aux>`` is the consumer with its term replaced by the auxiliary's and its
-    store redirected to a new temp ``<X>_<aux>`` of X's shape, starting at the reducer's
-    identity (an auxiliary sums coefficients, whatever X's own init is).  Placed right after
-    the consumer, the updates run in the order X, A_1, … that the state repair relies on.
+    store redirected to a new temp ``<X>_<aux>`` of X's shape (see :func:`add_sibling_sums`).
+    Placed right after the consumer, the updates run in the order X, A_1, … that the state
+    repair relies on.
     """
-    path, b = block_path(program, block)
+    return add_sibling_sums(program, block, [(aux.name, aux.term) for aux in repair.auxiliaries])
+
+
+def add_sibling_sums(program: Program, block: str, terms: list[tuple[str, Expr]]) -> tuple[Program, list[str]]:
+    """``block`` followed, in the same loops and over the same instances, by ``<block>_<suffix>``
+    reducing ``term`` into a new temp ``<X>_<suffix>`` of X's shape, for each ``(suffix, term)``.
+
+    Preconditions:
+      1. ``block`` is a reduction (its reducer combines the new terms too);
+      2. each term reads only what ``block``'s iterations index.
+
+    Each starts at the reducer's identity, whatever X's own init is: it sums coefficients
+    (an auxiliary) or counts (the fraction of a split's elements), not X.
+    """
+    _, b = block_path(program, block)
     if b.reducer is None:
         raise PolyfuseError(f"block {block!r} is not a reduction; it has no auxiliary accumulators")
+    names = {iv.var.name for iv in b.iters}
+    for suffix, term in terms:
+        stray = sorted(free_vars(term) - names)
+        if stray:
+            raise InternalError(f"the term {term} of {block}_{suffix} uses {', '.join(stray)}, which are not "
+                                f"iterations of block {block!r}")
     x = b.store.tensor
     tensors, blocks = [], []
-    for aux in repair.auxiliaries:
-        t = Tensor(f"{x.name}_{aux.name}", x.shape, x.dtype, "temp", x.scope)
+    for suffix, term in terms:
+        t = Tensor(f"{x.name}_{suffix}", x.shape, x.dtype, "temp", x.scope)
         acc = Load(t, b.store.indices)
-        store = Store(t, b.store.indices, b.reducer.apply(acc, aux.term))
+        store = Store(t, b.store.indices, b.reducer.apply(acc, term))
         tensors.append(t)
-        blocks.append(b.replace(name=f"{block}_{aux.name}", store=store, init=b.reducer.identity))
+        blocks.append(b.replace(name=f"{block}_{suffix}", store=store, init=b.reducer.identity))
     body = replace_node(program.body, b, seq(b, *blocks))
     return program.replace(tensors=program.tensors + tuple(tensors), body=body), [a.name for a in blocks]
-
 
 
 def plain_sum(program: Program, producer: str) -> bool:
@@ -225,9 +259,20 @@ def estimate(r: Expr, fraction: tuple[Expr, Expr]) -> Expr:
     """``r / fraction``: a partial sum extrapolated to all elements (``fraction`` = seen/total as
     (seen, total)), the reference point of a state repair.  Any reference is exact — the state
     is repaired from one to the next — so this only decides accuracy; with everything seen the
-    factor is exactly 1 and the reference is r itself."""
+    factor is exactly 1 and the reference is r itself.
+
+    A division, not ``r·(total/seen)``: a backend may contract ``x - r·q`` into one fused
+    multiply-add in some places and not in others, and the reference must be the same value
+    wherever it is used (the terms and the repair's δ), or the repair is off by its rounding.
+    """
     seen, total = fraction
-    return r * (cast(r.dtype, total) / cast(r.dtype, seen))
+    if isinstance(seen, Const) and isinstance(total, Const):
+        part = const(seen.value / total.value, r.dtype)
+    elif isinstance(total, Const) and total.value == 1:
+        part = cast(r.dtype, seen)
+    else:
+        part = cast(r.dtype, seen) / cast(r.dtype, total)
+    return r / part
 
 
 def with_references(block: Block, refs: dict[Load, Expr]) -> Block:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from polyfuse.deps.dependence import Dependence
 from polyfuse.errors import IllegalTransform, InternalError
-from polyfuse.ir.expr import Const, Expr, Load, eq, logical_or, select
+from polyfuse.ir.expr import Const, Expr, Load, Select, eq, logical_or, select
 from polyfuse.ir.stmt import Block, Program, Store
 from polyfuse.ir.visit import free_vars, loads
 from polyfuse.transforms.repair import Repair, result_sign, solve_repair
@@ -53,7 +53,8 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
     return r_loads, tensors, repair
 
 
-def _infinite_identity(block: Block) -> bool:
+def infinite_identity(block: Block) -> bool:
+    """True for a reduction whose identity is ±inf (a max or min): its partial may be the identity."""
     ident = block.reducer.identity if block.reducer else None
     return isinstance(ident, Const) and isinstance(ident.value, float) and math.isinf(ident.value)
 
@@ -65,15 +66,19 @@ def guard_term(program: Program, local: str, guards: list[tuple[Load, Block]]) -
     whose reducer says what its identity is.  A max/min producer at ±inf has seen
     only masked (±inf) elements; the unfused program's term for such an element is
     the consumer's identity, whereas the fused one would compute ``exp(-inf - -inf)``.
+    A state repair's auxiliary is guarded alike even where its term does not read the
+    producer (a count Σ 1): every component of the state then holds the same elements.
     """
     b = program.block(local)
-    present = loads(b.store.value)
+    names = {iv.var.name for iv in b.iters}
     conds = []
     for ld, producer in guards:
-        if not _infinite_identity(producer):
+        if not infinite_identity(producer):
             continue
-        if ld not in present:
-            raise InternalError(f"block {local!r} does not read producer value {ld} it should guard")
+        stray = set().union(*(free_vars(i) for i in ld.indices)) - names
+        if stray:
+            raise InternalError(f"block {local!r} has no iteration {', '.join(sorted(stray))} to read producer "
+                                f"value {ld} it should guard")
         conds.append(eq(ld, producer.reducer.identity))  # type: ignore[union-attr]
     if not conds:
         return program
@@ -90,7 +95,8 @@ def replace_block(program: Program, new: Block) -> Program:
 
 
 def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Load, Expr],
-                    new: dict[Load, Expr], state: Sequence[Expr] = ()) -> Block:
+                    new: dict[Load, Expr], state: Sequence[Expr] = (),
+                    producers: Mapping[Load, Block] | None = None) -> Block:
     """``block`` with its update repaired; ``acc_operand`` says which operand h applies to.
 
     ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``;
@@ -99,7 +105,12 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
     the identity, by distributivity) — and ``repair.apply`` keeps it when no producer
     changed (``h(t, r, r) = t``).  A state repair reads the auxiliary accumulators
     ``state`` (for X, its A's; for A_k, the higher ones) and has no ``G``: X = 0 with
-    A ≠ 0 still changes.
+    A ≠ 0 still changes.  Instead, it keeps its argument while an old producer value
+    is still at its infinite identity (``producers`` maps each value to its block):
+    every term so far was guarded to the identity (:func:`guard_term`), so the state
+    is empty, and h would compute ``0·inf``.  And in a combine, a partial that rfactor
+    marks missing (``rest = select(exists, X_rf[…], identity)``, its producer values
+    never written) is kept out around h: ``select(exists, h(X_rf[…], …), identity)``.
     """
     acc = Load(block.store.tensor, block.store.indices)
     rest = block.reduce_term()
@@ -107,7 +118,18 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
         raise InternalError(f"block {block.name!r} is not in the form X = X ⊕ term")
     identity = block.reducer.identity  # type: ignore[union-attr]
     target = acc if acc_operand == "acc" else rest
+    exists = None
+    if repair.state and acc_operand == "term" and isinstance(rest, Select) and rest.false_value == identity:
+        exists, target = rest.cond, rest.true_value
+        state = [s.true_value if isinstance(s, Select) and s.cond == exists else s for s in state]
     h = repair.apply(target, old=old, new=new, state=state)
-    repaired = select(eq(target, identity), target, h) if repair.keeps_identity else h
+    if repair.keeps_identity:
+        repaired = select(eq(target, identity), target, h)
+    else:
+        unseen = [eq(old[ld], p.reducer.identity) for ld, p in (producers or {}).items()  # type: ignore[union-attr]
+                  if ld in old and infinite_identity(p)]
+        repaired = select(functools.reduce(logical_or, unseen), target, h) if unseen else h
+    if exists is not None:
+        repaired = select(exists, repaired, identity)
     value = block.reducer.apply(repaired, rest) if acc_operand == "acc" else block.reducer.apply(acc, repaired)  # type: ignore[union-attr]
     return block.replace(store=Store(block.store.tensor, block.store.indices, value))

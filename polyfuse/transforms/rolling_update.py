@@ -144,7 +144,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             if h is None or h.is_identity:
                 continue
             state = _state_before(program.block(name), accumulators)
-            program = _apply_repair(program, name, h, old, new, r_loads, state)
+            program = _apply_repair(program, name, h, old, new, dict(guards), state)
     notes = tuple(f"reference point of the state: {ld}·E/(k + 1) (k = iteration of loop {loop!r}, E its extent), "
                   f"a running estimate of the plain sum {ld}; the state repair is exact for any reference, and "
                   "this one stays near the data (the partial sum does not), so the terms do not cancel"
@@ -230,16 +230,16 @@ def _rolled_index(block: Block, loop: str) -> Expr:
 
 
 def _apply_repair(program: Program, block: str, repair: Repair, old: dict[Load, Expr], new: dict[Load, Expr],
-                  r_loads: list[Load], state: list[Expr]) -> Program:
+                  producers: dict[Load, Block], state: list[Expr]) -> Program:
     """``X = G(h(X, r_prev, r)) ⊕ rest`` in the (combine) block ``block``."""
     b = program.block(block)
     names = {iv.var.name for iv in b.iters}
-    for ld in r_loads:
+    for ld in producers:
         stray = set().union(*(free_vars(i) for i in ld.indices)) - names
         if stray:
             raise IllegalTransform(f"rolling_update of block {block!r}: the combine has no iteration variable "
                                    f"{', '.join(sorted(stray))} to index producer result {ld}")
-    return replace_block(program, repaired_update(b, repair, "acc", old, new, state))
+    return replace_block(program, repaired_update(b, repair, "acc", old, new, state, producers))
 
 
 __all__ = ["Fusion", "rolling_update"]

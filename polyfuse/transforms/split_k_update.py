@@ -2,18 +2,33 @@
 and a repaired combine (Neptune Alg. 2, FlashDecoding-like).
 
 ``split_k_update(block=C, loop_block=B, loop=L)``, where L splits the reductions
-(e.g. the outer loop of ``split(j, [n_splits, None])``):
+(e.g. the outer loop of ``split(j, [n_splits, None])``; when an earlier call made B the
+global combine of a privatized reduction, B's local block ``B_rf`` stands for it, so one
+loop reference serves every consumer of a chain):
 
   1. dataflow: producers of C and the map blocks between them, inlined into C (copy);
   2. every producer is privatized over L: its local nest ``P_rf`` computes one partial
      result per iteration of L (``X_P_rf[..., t]``) and its global nest ``P`` combines
      them after L; a producer privatized by an earlier call is reused;
-  3. naive fusion: C is placed under L (only temporal producer -> C edges may break);
-  4. C is privatized over L too: ``C_rf`` reduces each split *with the local producer
-     values* ``X_P_rf[..., t]`` (every split independent: L can run in parallel);
-  5. the solver derives h from C's term, and the global combine becomes
-     ``X = X ⊕ G(h(X_rf[t], X_P_rf[..., t], X_P))`` (Eq. 11): each partial result is
-     repaired from its split's producer values to the global ones.
+  3. naive fusion: C is placed under L (only temporal producer -> C edges may break).
+     A consumer whose producers were all privatized earlier reads nothing written under
+     L; it is cut into contiguous parts of its reduction, one per iteration of L
+     (exact: Eq. 3 holds element by element, whichever elements a split holds);
+  4. the solver derives h from C's term.  A *state repair* (no single h, g a polynomial
+     in the producers, :mod:`~polyfuse.transforms.auxiliary`) adds the auxiliary
+     reductions ``A_k`` of g's Taylor coefficients next to C;
+  5. C (and each A_k) is privatized over L too: ``C_rf`` reduces each split *with the
+     local producer values* ``X_P_rf[..., t]`` (every split independent: L can run in
+     parallel).  The global combines of the A_k are dropped: only C's combine reads the
+     partial states;
+  6. a plain-sum producer's partial (``Σ_split x/L``) is far from the data, so a state
+     repair's local terms read a reference point instead: the partial divided by the
+     fraction of the elements its split holds (``1/S`` for S equal splits; otherwise
+     counted by a sibling sum ``P_rf_seen`` of ``1/N`` per element) — the split's mean;
+  7. the global combine becomes ``X = X ⊕ G(h(X_rf[t], X_P_rf[..., t], X_P))`` (Eq. 11):
+     each partial result is repaired from its split's producer values (or reference
+     points) to the global ones; a state repair reads the partial state
+     ``A_k_rf[..., t]`` too, and has no G.
 
 Guards as in rolling update (each exact): a partial result equal to the identity,
 or whose producer values equal the global ones, is taken as it is; a term computed
@@ -27,35 +42,52 @@ Before / after (Neptune Fig. 1a → Fig. 3, L = j0 with j = j0·2 + j1)::
         for j1: sum_l[i, j0] += exp(inp[i, 2·j0 + j1] - max_l[i, j0])
     for i, j0: max_g[i] = max(max_g[i], max_l[i, j0])
     for i, j0: sum_g[i] += G(exp(max_l[i, j0] - max_g[i]) · sum_l[i, j0])
+
+A state repair (variance, ``mean = Σ x/L``, ``var = Σ (x - mean)²/L``, 4 splits of 10;
+ρ = mean_l[b, j0] / 0.25 is the split's mean) — Chan's parallel formula::
+
+    for b, j0:
+        for j1: mean_l[b, j0] += x[b, 10·j0 + j1] / L
+        for j1: var_l[b, j0] += (x[…] - ρ)² / L;  a1_l[b, j0] += -2(x[…] - ρ) / L;  a2_l[b, j0] += 1 / L
+    for b, j0: mean[b] += mean_l[b, j0]
+    for b, j0: var[b] += var_l[b, j0] + a1_l[b, j0]·(mean[b] - ρ) + a2_l[b, j0]·(mean[b] - ρ)²
 """
 
 from __future__ import annotations
 
+import functools
+import operator
+from collections.abc import Callable
+
+from polyfuse import deps
+from polyfuse.deps.dependence import Dependence
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir.expr import Expr, Load, Var
-from polyfuse.ir.stmt import Loop, Program, Seq
+from polyfuse.ir.expr import Const, Expr, Load, Var, cast, const
+from polyfuse.ir.stmt import Block, Loop, Program, Seq, Store, Tensor
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import loads, seq
+from polyfuse.ir.visit import loads, map_expr, seq
+from polyfuse.transforms.auxiliary import add_auxiliary_blocks, add_sibling_sums, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, own_nest, reverse_compute_at
 from polyfuse.transforms.dataflow import (
     body_children, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by, under,
 )
-from polyfuse.transforms.fusion_common import Fusion, guard_term, repaired_update, replace_block, solve_for
-from polyfuse.transforms.rfactor import read_partials
+from polyfuse.transforms.fusion_common import (
+    Fusion, infinite_identity, guard_term, repaired_update, replace_block, solve_for,
+)
+from polyfuse.transforms.rfactor import read_partials, rfactor
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
 
 def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
                    approximate: bool = False) -> tuple[Program, Fusion]:
     """Fuse reduction ``block`` with its producers as split partials over ``loop`` plus a repaired combine."""
-    from polyfuse.transforms.rfactor import rfactor
-
     what = f"split_k_update of block {block!r} over loop {loop!r} (enclosing block {loop_block!r})"
     if program.block(block).reduce_term() is None or program.block(block).init is None:
         raise IllegalTransform(f"{what}: block {block!r} is not a reduction X = X ⊕ g with an init; "
                                "only such a block can be fused with a repair")
 
     # Step 1. Producers (a privatized producer is found through its global combine).
+    loop_block = _split_anchor(program, loop_block, loop)
     found = find_producers(program, block, find_loop(program, loop_block, loop))
     program = inline_paths(program, block, found.maps)
     order = [b.name for b in program.blocks()]
@@ -81,63 +113,227 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     try:
         program, broken = naive_reverse_compute_at(program, block=block, loop_block=anchor, loop=loop)
     except IllegalTransform as err:
-        if not fresh:
-            raise
         try:
-            program, broken = naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor,
-                                                 loop=loop, what=what)
+            if fresh:
+                program, broken = naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor,
+                                                     loop=loop, what=what)
+            else:
+                program, broken = _place_by_partials(program, block, local, anchor, loop, what)
         except IllegalTransform as err2:
-            raise IllegalTransform(f"{err}\nand aligning it with a producer's reduction failed too: {err2}") from None
+            how = "a producer's reduction" if fresh else "the splits of its producers' partial results"
+            raise IllegalTransform(f"{err}\nand aligning it with {how} failed too: {err2}") from None
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
 
-    # Step 4. The repair, from the consumer's own term.
+    # Step 4. The repair, from the consumer's own term; a state repair's auxiliary reductions join the consumer.
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
+    aux_blocks: list[str] = []
+    counts: dict[str, Expr] = {}
+    if repair is not None and repair.auxiliaries:
+        program, aux_blocks = add_auxiliary_blocks(program, block, repair)
+        for p in {tensors[ld.tensor.name] for ld in r_loads} - set(local):
+            if plain_sum(program, p):
+                counts[p] = _instances(program.block(p))
 
-    # Step 5. Privatize the consumer, then the producers, redirecting the consumer's local
-    # nest to its split's producer values (Neptune's FUSEANDPRIVATIZE + REPLACETENSORREADS).
+    # Step 5. Privatize the consumer (and its auxiliaries: their global combines are dead, the consumer's
+    # combine reads the partial states), then the producers, redirecting the consumer's local nests to their
+    # split's producer values (Neptune's FUSEANDPRIVATIZE + REPLACETENSORREADS).
     program, c_rf = rfactor(program, block=block, loop=loop)
-    created.append(c_rf)
+    locals_ = [c_rf]
+    for name in aux_blocks:
+        program, aux_rf = rfactor(program, block=name, loop=loop)
+        program = _drop_combine(program, name)
+        locals_.append(aux_rf)
+    created += locals_
     for p in producers:
         if p in local:
             _, partial = local[p]
             x = program.block(p).store.tensor
             axis = _split_axis(program.block(p), partial)
-            program = replace_block(program, read_partials(program.block(c_rf), x, partial.tensor, axis, loop, what))
+            for name in locals_:
+                program = replace_block(program, read_partials(program.block(name), x, partial.tensor, axis, loop,
+                                                               what))
             continue
-        program, rf = rfactor(program, block=p, loop=loop, redirect=[c_rf])
+        program, rf = rfactor(program, block=p, loop=loop, redirect=locals_)
         created.append(rf)
     program = _after_producer_combines(program, block, producers)
     program = _after_local_producers(program, c_rf, [local_block(program, p, c_rf, loop) for p in producers], loop)
 
-    # Step 6. Guard the local terms; repair the global combine (Eq. 11).
-    partial_reads: dict[Load, Load] = {}
-    for ld in r_loads:
-        p = tensors[ld.tensor.name]
-        found_local = _local_version(program, p, c_rf, loop)
-        if found_local is None:
-            raise IllegalTransform(f"{what}: producer {p!r} has no partial results under loop {loop!r}")
-        partial = found_local[1]
-        axis = _split_axis(program.block(p), partial)
-        split_iter = _split_iter(program, c_rf, loop)
-        idx = list(ld.indices)
-        idx.insert(axis, split_iter)
-        partial_reads[ld] = Load(partial.tensor, tuple(idx))
-    program = guard_term(program, c_rf, [(partial_reads[ld], program.block(tensors[ld.tensor.name]))
-                                         for ld in r_loads])
+    # Step 6. Guard the local terms (each local nest reads its split's producer values); a state repair's
+    # plain-sum producers get reference points near the data: Σ_split x/L is not the split's mean, but
+    # divided by the fraction of the elements its split holds, it is.
+    partial_reads = {name: _partial_reads(program, name, r_loads, tensors, loop, what) for name in locals_}
+    for name in locals_:
+        program = guard_term(program, name, [(partial_reads[name][ld], program.block(tensors[ld.tensor.name]))
+                                             for ld in r_loads])
+
+    references: dict[Load, Callable[[Load], Expr]] = {}
+    notes: list[str] = []
+    if repair is not None and repair.auxiliaries:
+        program, references, seen, notes = _references(program, r_loads, tensors, counts, c_rf, loop)
+        created += seen
+    for name in locals_:
+        refs = {pl: references[ld](pl) for ld, pl in partial_reads[name].items() if ld in references}
+        if refs:
+            program = replace_block(program, with_references(program.block(name), refs))
+
+    # Step 7. Repair the global combine (Eq. 11): each partial (state) from its split's producer values to the
+    # global ones.
     if repair is not None and not repair.is_identity:
         glob = program.block(block)
         g_split = _combine_split_var(glob)
-        old = {}
+        old: dict[Load, Expr] = {}
         for ld in r_loads:
+            pl = partial_reads[c_rf][ld]
             idx = list(ld.indices)
-            idx.insert(_split_axis(program.block(tensors[ld.tensor.name]), partial_reads[ld]), g_split)
-            old[ld] = Load(partial_reads[ld].tensor, tuple(idx))
-        program = replace_block(program, repaired_update(glob, repair, "term", old, {ld: ld for ld in r_loads}))
+            idx.insert(_split_axis(program.block(tensors[ld.tensor.name]), pl), g_split)
+            at_split = Load(pl.tensor, tuple(idx))
+            old[ld] = references[ld](at_split) if ld in references else at_split
+        state = _partial_state(glob, [program.block(name).store.tensor for name in locals_])
+        producers_of = {ld: program.block(tensors[ld.tensor.name]) for ld in old}
+        program = replace_block(program, repaired_update(glob, repair, "term", old, {ld: ld for ld in r_loads},
+                                                         state, producers_of))
     fusion = Fusion("split_k_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
-                    tuple(created))
+                    tuple(dict.fromkeys(created)), tuple(notes))
     return validate(program), fusion
+
+
+def _place_by_partials(program: Program, block: str, local: dict[str, tuple[str, Load]], anchor: str, loop: str,
+                       what: str) -> tuple[Program, list[Dependence]]:
+    """Naive fusion of a consumer whose producers were all privatized by earlier calls (inertia's
+    ``Σ w·|x - c|²`` after ``c``): it reads nothing written under the split loop, so it is placed as if it
+    read its split's partials, with its reduction cut into contiguous parts ``j // f`` (f = ⌈E / S⌉ for
+    reduce extent E and S splits), each under one iteration of the loop.
+
+    Preconditions:
+      1. the consumer has one reduce iteration, and it and the split loop have constant extents;
+      2. no producer is a max/min: the parts need not be the producers' splits, which a repair does not
+         mind (Eq. 3 holds element by element) but the guard of a fully masked split would.
+    """
+    c = program.block(block)
+    splits = find_loop(program, anchor, loop).extent
+    if len(c.reduce_iters) != 1 or not isinstance(c.reduce_iters[0].extent, Const) or not isinstance(splits, Const):
+        raise IllegalTransform(f"{what}: block {block!r} reads no tensor written under loop {loop!r}; cutting its "
+                               "reduction into the loop's splits needs one reduce iteration and constant extents")
+    for p, (name, _) in local.items():
+        if infinite_identity(program.block(name)):
+            raise IllegalTransform(f"{what}: block {block!r} reads no tensor written under loop {loop!r}, and its "
+                                   f"producer {p!r} is a {program.block(name).reducer.name}: cutting the consumer "  # type: ignore[union-attr]
+                                   "into parts of its own would break the guard of a fully masked split")
+    j = c.reduce_iters[0]
+    part = j.var // -(-j.extent.value // splits.value)  # type: ignore[attr-defined]
+    swapped: dict[Load, Load] = {}
+    for p, (_, partial) in local.items():
+        x = program.block(p).store.tensor
+        axis = _split_axis(program.block(p), partial)
+        for ld in loads(c.store.value):
+            if ld.tensor == x:
+                idx = list(ld.indices)
+                idx.insert(axis, part)
+                swapped[ld] = Load(partial.tensor, tuple(idx))
+    reads_partials = c.replace(store=Store(c.store.tensor, c.store.indices, map_expr(
+        c.store.value, lambda e: swapped.get(e) if isinstance(e, Load) else None)))
+    placed, _ = naive_reverse_compute_at(replace_block(program, reads_partials), block=block, loop_block=anchor,
+                                         loop=loop)
+    placed = replace_block(placed, placed.block(block).replace(store=c.store))
+    info = deps.analyze(program, tensors=deps.tensors_of(c))
+    return placed, deps.check_naive_fusion(info, placed, what=what)
+
+
+def _instances(producer: Block) -> Expr:
+    """How many elements a reduction sums per result: the product of its reduce extents (its ``where``, if
+    any, is not counted; the count only places a reference point, which any value keeps exact)."""
+    return functools.reduce(operator.mul, [iv.extent for iv in producer.reduce_iters])
+
+
+def _drop_combine(program: Program, block: str) -> Program:
+    """``program`` without the combine ``block`` (its own nest) and the tensor only it writes."""
+    x = program.block(block).store.tensor
+    body = replace_node(program.body, own_nest(program, block), None)
+    return program.replace(body=body, tensors=tuple(t for t in program.tensors if t != x))
+
+
+def _partial_reads(program: Program, local_name: str, r_loads: list[Load], tensors: dict[str, str], loop: str,
+                   what: str) -> dict[Load, Load]:
+    """For each producer value ``ld`` the consumer reads, the local block's read of its split's partial."""
+    out: dict[Load, Load] = {}
+    split_iter = _split_iter(program, local_name, loop)
+    for ld in r_loads:
+        p = tensors[ld.tensor.name]
+        found_local = _local_version(program, p, local_name, loop)
+        if found_local is None:
+            raise IllegalTransform(f"{what}: producer {p!r} has no partial results under loop {loop!r}")
+        partial = found_local[1]
+        idx = list(ld.indices)
+        idx.insert(_split_axis(program.block(p), partial), split_iter)
+        out[ld] = Load(partial.tensor, tuple(idx))
+    return out
+
+
+def _references(program: Program, r_loads: list[Load], tensors: dict[str, str], counts: dict[str, Expr],
+                anchor: str, loop: str) -> tuple[Program, dict[Load, Callable[[Load], Expr]], list[str], list[str]]:
+    """The reference point of each plain-sum producer value, as a function of a read of its partial; the
+    program with the blocks counting what each split holds, their names, and notes for ``explain``.
+
+    A plain sum's local nest that gives every split the same number of elements (no ``where``) is
+    extrapolated by the number of splits; otherwise a sibling sum ``<P_rf>_seen`` adds ``1/N`` per element
+    of the local nest, the fraction of the producer's N elements (``counts``, known for producers
+    privatized by this call) that its split holds.  A producer privatized earlier without one keeps its
+    partial as the reference: still exact, but less accurate at a large common offset (noted).
+    """
+    refs: dict[Load, Callable[[Load], Expr]] = {}
+    created: list[str] = []
+    notes: list[str] = []
+    splits = find_loop(program, anchor, loop).extent
+    for ld in r_loads:
+        p = tensors[ld.tensor.name]
+        p_rf = program.block(local_block(program, p, anchor, loop))
+        if p not in counts and not plain_sum(program, p_rf.name):
+            continue
+        x_rf = p_rf.store.tensor
+        if p_rf.where is None:
+            refs[ld] = functools.partial(_scaled, fraction=(const(1), splits))
+            notes.append(f"reference point of the state in each split: {x_rf.name}·{splits} (each of the {splits} "
+                         f"splits holds as many elements), the split's running estimate of the plain sum {ld}; the "
+                         "state repair is exact for any reference, and this one stays near the data")
+            continue
+        seen = next((t for t in program.tensors if t.name == f"{x_rf.name}_seen"), None)
+        if seen is None and p not in counts:
+            notes.append(f"no reference point near the data for {ld}: its partials {x_rf.name} were made by an "
+                         "earlier split_k_update and their splits differ in size; the state repair is exact, but "
+                         "at a large common offset its terms cancel")
+            continue
+        if seen is None:
+            total = counts[p]
+            step = const(1.0 / total.value, x_rf.dtype) if isinstance(total, Const) \
+                else cast(x_rf.dtype, 1.0) / cast(x_rf.dtype, total)
+            program, (name,) = add_sibling_sums(program, p_rf.name, [("seen", step)])
+            created.append(name)
+            seen = program.block(name).store.tensor
+        refs[ld] = functools.partial(_seen_scaled, seen=seen)
+        notes.append(f"reference point of the state in each split: {x_rf.name} / {seen.name}, where {seen.name} "
+                     f"sums 1/N over the split's elements (its share of the N elements of the plain sum {ld}); the "
+                     "state repair is exact for any reference, and this one stays near the data")
+    return program, refs, created, notes
+
+
+def _scaled(partial: Load, *, fraction: tuple[Expr, Expr]) -> Expr:
+    return estimate(partial, fraction)
+
+
+def _seen_scaled(partial: Load, *, seen: Tensor) -> Expr:
+    return estimate(partial, (Load(seen, partial.indices), const(1.0, seen.dtype)))
+
+
+def _partial_state(combine: Block, partials: list[Tensor]) -> list[Expr]:
+    """The auxiliary partial states as the combine reads its own partial: ``X_rf[…, s]`` becomes
+    ``A_rf[…, s]`` (``partials`` = [X_rf, A1_rf, …]), inside rfactor's guard of missing partials too."""
+    x_rf, *aux = partials
+    term = combine.reduce_term()
+    assert term is not None
+    return [map_expr(term, lambda e, a=a: Load(a, e.indices) if isinstance(e, Load) and e.tensor == x_rf else None)
+            for a in aux]
 
 
 def _local_version(program: Program, producer: str, loop_block: str, loop: str) -> tuple[str, Load] | None:
@@ -161,6 +357,17 @@ def _local_version(program: Program, producer: str, loop_block: str, loop: str) 
                     and any(x is lp for x in loops_of(program, other.name))):
                 return other.name, ld
     return None
+
+
+def _split_anchor(program: Program, loop_block: str, loop: str) -> str:
+    """A block under the split loop: ``loop_block``, or its local block when an earlier split_k_update
+    made ``loop_block`` the global combine (whose loop of that name runs over the partials), so that one
+    loop reference serves every consumer of a chain."""
+    rf = f"{loop_block}_rf"
+    if (rf in {b.name for b in program.blocks()} and any(lp.var.name == loop for lp in loops_of(program, rf))
+            and _local_version(program, loop_block, rf, loop) is not None):
+        return rf
+    return loop_block
 
 
 def local_block(program: Program, producer: str, anchor: str, loop: str) -> str:
@@ -208,28 +415,6 @@ def _combine_split_var(block) -> Var:
     if len(reduce) != 1:
         raise IllegalTransform(f"split_k_update: the combine {block.name!r} should reduce over the splits only")
     return reduce[0].var
-
-
-def _rf_indices(ld: Load, local_load: Load, split: Expr) -> tuple[Expr, ...]:
-    """Index of the local partial for the producer value ``ld`` in split ``split``.
-
-    The global combine reads ``X_rf[idx..., t]``; its indices equal the producer's
-    store indices with the split variable in the rf dimension, so the consumer's
-    ``X[e...]`` becomes ``X_rf[e..., split]`` (same position for the split)."""
-    out: list[Expr] = []
-    spatial = iter(ld.indices)
-    for idx in local_load.indices:
-        if isinstance(idx, Var) and idx not in ld.indices and not _is_producer_index(idx, ld):
-            out.append(split)
-        else:
-            out.append(next(spatial))
-    if len(out) != len(local_load.indices):
-        raise IllegalTransform(f"split_k_update: cannot index the partial results {local_load.tensor.name}")
-    return tuple(out)
-
-
-def _is_producer_index(idx: Expr, ld: Load) -> bool:
-    return any(idx == i for i in ld.indices)
 
 
 def _after_producer_combines(program: Program, block: str, producers: list[str]) -> Program:
