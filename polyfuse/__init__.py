@@ -7,7 +7,7 @@ __all__ = ["PolyfuseError", "__version__", "build"]
 
 
 def build(program_or_schedule, target="cpp", **options):
-    """Compile a Program or Schedule into a runnable Kernel (see :func:`polyfuse.build.build`)."""
-    from polyfuse.build import build as _build
+    """Compile a Program or Schedule into a runnable Kernel (see :func:`polyfuse.pipeline.build`)."""
+    from polyfuse.pipeline import build as _build
 
     return _build(program_or_schedule, target, **options)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from polyfuse import ops
-from polyfuse.build import build, stages
+from polyfuse.pipeline import build, stages
 from polyfuse.cli.stages import BACKENDS, STAGES, Subject
 from polyfuse.emit_cpp import Target, emit
 from polyfuse.errors import BackendUnavailable, NoRepairFound

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from polyfuse.build import build
+from polyfuse.pipeline import build
 from polyfuse.cli.stages import Subject
 from polyfuse.errors import LaunchError
 from polyfuse.runtime import cache_dir
@@ -95,7 +95,7 @@ def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
 
 _BUILD_ONE = """
 import sys
-from polyfuse.build import build
+from polyfuse.pipeline import build
 from polyfuse.cli.stages import Subject
 subject = Subject.of("logsumexp", None, {})
 kernel = build(subject.schedule(), sizes=subject.sizes)

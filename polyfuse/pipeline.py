@@ -54,15 +54,31 @@ def stages(program_or_schedule: object, target: Target | str = "cpp") -> Stages:
 
 
 def build(program_or_schedule: object, target: Target | str = "cpp", *,
-          sizes: Mapping[str, int] | None = None, werror: bool = False):
-    """Compile ``program_or_schedule`` (a Program, or a Schedule's program) into a :class:`Kernel`.
+          sizes: Mapping[str, int] | None = None, werror: bool = False, loader: str | None = None):
+    """Compile ``program_or_schedule`` (a Program, or a Schedule's program) into a callable kernel.
 
-    ``sizes`` binds size parameters once (a call may still override them).
+    ``target`` is ``cpp`` (a :class:`~polyfuse.runtime.Kernel`), ``cuda`` or ``hip`` (a
+    :class:`~polyfuse.runtime.gpu.GpuKernel`, built for the architecture of device 0; ``loader``
+    picks ``pycuda`` or ``cuda-python``).  ``sizes`` binds size parameters once (a call may still
+    override them).
     """
-    from polyfuse.runtime import Kernel, compile_host
+    backend = target.backend if isinstance(target, Target) else target
+    if backend == "cpp":
+        from polyfuse.runtime import Kernel, compile_host
 
-    built = stages(program_or_schedule, target)
-    if built.source.target.backend != "cpp":
-        raise BackendUnavailable(f"no runtime for backend {built.source.target.backend!r} yet")
-    library = compile_host(built.source.text, built.source.entry, werror=werror)
-    return Kernel(built.source, library, sizes)
+        built = stages(program_or_schedule, target)
+        library = compile_host(built.source.text, built.source.entry, werror=werror)
+        return Kernel(built.source, library, sizes)
+    if backend in ("cuda", "hip"):
+        from polyfuse.runtime.gpu import GpuKernel
+        from polyfuse.runtime.gpu_compiler import compile_gpu
+        from polyfuse.runtime.loaders import loader as get_loader
+
+        driver = get_loader(backend, loader)
+        if not isinstance(target, Target):
+            target = Target(backend, driver.arch(), 32 if backend == "cuda" else 64)
+        built = stages(program_or_schedule, target)
+        image = compile_gpu(built.source.text, built.source.entry, backend, target.arch)
+        assert image is not None
+        return GpuKernel(built.source, image, driver, sizes)
+    raise BackendUnavailable(f"no runtime for backend {backend!r}; backends are cpp, cuda, hip")
