@@ -44,5 +44,9 @@ class BackendUnavailable(PolyfuseError):
     """A backend (compiler, loader or device) is missing on this machine."""
 
 
+class UnsupportedPattern(PolyfuseError):
+    """A program the code generator refuses for a target (a resource limit or a pattern it cannot lower)."""
+
+
 class InternalError(Exception):
     """A bug in polyfuse: an invariant that should hold did not."""

@@ -44,7 +44,8 @@ def _shown(target: str) -> tuple[tuple[str, str, Callable[[Subject], str]], ...]
 
 
 def _checked(target: str) -> tuple[str, ...]:
-    return ("interp", "fused", "tile", target)
+    """The host C++ kernel always runs; the GPU kernel too where there is a GPU."""
+    return ("interp", "fused", "tile", "cpp") + ((target,) if target != "cpp" else ())
 
 
 def _subject(args: argparse.Namespace) -> Subject:

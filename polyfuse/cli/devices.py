@@ -31,6 +31,27 @@ def cuda_gpu_count() -> int:
     return int(count) if int(err) == 0 else 0
 
 
+@functools.cache
+def hip_gpu_count() -> int:
+    """Number of HIP GPUs visible through hip-python (0 without it)."""
+    try:
+        from hip import hip
+    except ImportError:
+        return 0
+    err, count = hip.hipGetDeviceCount()
+    return int(count) if int(err) == 0 else 0
+
+
+def require_gpu(backend: str) -> None:
+    """BackendUnavailable (exit 4) unless a GPU of ``backend`` (``cuda`` or ``hip``) is present."""
+    from polyfuse.errors import BackendUnavailable
+
+    count = cuda_gpu_count() if backend == "cuda" else hip_gpu_count()
+    if count == 0:
+        kind = "NVIDIA (CUDA)" if backend == "cuda" else "AMD (HIP)"
+        raise BackendUnavailable(f"backend {backend} needs an {kind} GPU; none is visible on this machine")
+
+
 def nvcc_path() -> str | None:
     """Where ``nvcc`` is on PATH, if anywhere."""
     return shutil.which("nvcc")

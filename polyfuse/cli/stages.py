@@ -46,9 +46,9 @@ class Subject:
     def program(self) -> Program:
         return self.op.program(self.mode, **self.sizes)
 
-    def schedule(self) -> Schedule:
-        """The operator's default fused schedule (NoRepairFound / IllegalTransform if it cannot fuse)."""
-        return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())))
+    def schedule(self, target: str = "cpp") -> Schedule:
+        """The operator's default fused schedule for ``target`` (NoRepairFound / IllegalTransform if it cannot fuse)."""
+        return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())), target)
 
     def __str__(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -56,9 +56,9 @@ class Subject:
 
 
 @functools.lru_cache(maxsize=16)
-def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...]) -> Schedule:
+def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...], target: str = "cpp") -> Schedule:
     op = ops.get(name)
-    return default_schedule(name, mode, op.program(mode, **dict(sizes)))
+    return default_schedule(name, mode, op.program(mode, **dict(sizes)), target=target)
 
 
 def _plain_source(subject: Subject) -> str:
@@ -94,15 +94,36 @@ def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
 
 
 def _cpp_source(subject: Subject) -> str:
-    from polyfuse.build import stages
+    from polyfuse.pipeline import stages
 
     return f"// {subject}: generated host C++\n{stages(subject.schedule(), 'cpp').source.text}"
 
 
 def _run_cpp(subject: Subject, inputs: Arrays) -> Arrays:
-    from polyfuse.build import build
+    from polyfuse.pipeline import build
 
     return build(subject.schedule(), "cpp", sizes=subject.sizes).run(inputs)
+
+
+def _gpu_source(backend: str) -> Callable[[Subject], str]:
+    def render(subject: Subject) -> str:
+        from polyfuse.pipeline import stages
+
+        source = stages(subject.schedule(backend), backend).source
+        launches = "\n".join(f"//   {x.kernel}: {x.blocks} blocks x {x.threads} threads, {x.shared} bytes shared"
+                              for x in source.launches)
+        return f"// {subject}: generated {backend.upper()} ({source.target.arch})\n{launches}\n{source.text}"
+    return render
+
+
+def _run_gpu(backend: str) -> Callable[[Subject, Arrays], Arrays]:
+    def run(subject: Subject, inputs: Arrays) -> Arrays:
+        from polyfuse.pipeline import build
+        from polyfuse.cli.devices import require_gpu
+
+        require_gpu(backend)
+        return build(subject.schedule(backend), backend, sizes=subject.sizes).run(inputs)
+    return run
 
 
 STAGES: dict[str, Callable[[Subject], str]] = {
@@ -110,6 +131,8 @@ STAGES: dict[str, Callable[[Subject], str]] = {
     "fused": _fused_source,
     "tile": _tile_source,
     "cpp": _cpp_source,
+    "cuda": _gpu_source("cuda"),
+    "hip": _gpu_source("hip"),
 }
 
 BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
@@ -117,6 +140,8 @@ BACKENDS: dict[str, Callable[[Subject, Arrays], Arrays]] = {
     "fused": _interpret_fused,
     "tile": _interpret_tiles,
     "cpp": _run_cpp,
+    "cuda": _run_gpu("cuda"),
+    "hip": _run_gpu("hip"),
 }
 
 

@@ -265,6 +265,13 @@ class CFamilyEmitter:
         if self.reads_other_elements(s):
             self.materialize(s.value)
         n = self.for_axes(axes, self.sizes)
+        self.assign(s, env)
+        self.close_n(n)
+        self.close()
+        self.materialized = {}
+
+    def assign(self, s: TileStore, env: dict[str, str]) -> None:
+        """The element of ``s`` at the axis values bound in ``env``: ``target = value`` (masked, combined)."""
         value = self.convert(self.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
         target = self.access(s.tensor, s.index, env)
         if s.reducer is not None:
@@ -275,9 +282,6 @@ class CFamilyEmitter:
             self.line(f"if ({self.scalar(s.mask, env)}) {assign}")
         else:
             self.line(assign)
-        self.close_n(n)
-        self.close()
-        self.materialized = {}
 
     def reads_other_elements(self, s: TileStore) -> bool:
         """Whether the value reads ``s.tensor`` at elements other than the one each lane writes."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import Expr
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,21 @@ class Target:
 
 
 HOST = Target("cpp")
+CUDA = Target("cuda", "sm_90a", 32)
+HIP = Target("hip", "gfx90a", 64)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One GPU kernel of a program, launched in order: ``blocks`` × ``threads``, ``shared`` bytes.
+
+    ``blocks`` is an expression of the size parameters.
+    """
+
+    kernel: str
+    blocks: Expr
+    threads: int
+    shared: int
 
 
 @dataclass(frozen=True)
@@ -40,7 +56,10 @@ class KernelSource:
     """Generated source text and how to call it.
 
     ``args`` are the array arguments in call order (inputs, then outputs), ``sizes`` the names of
-    the size parameters passed after them, ``entry`` the name of the C-ABI entry point.
+    the size parameters passed after them, ``entry`` the name of the C-ABI entry point (host) or
+    the prefix of the kernels' names (GPU).  GPU sources list their kernels in ``launches``; their
+    ``args`` end with the temporaries that live in global memory (role ``temp``), which the
+    runtime allocates.
     """
 
     text: str
@@ -48,6 +67,7 @@ class KernelSource:
     args: tuple[Arg, ...]
     sizes: tuple[str, ...]
     target: Target
+    launches: tuple[Launch, ...] = ()
 
     @property
     def signature(self) -> str:

@@ -1,0 +1,508 @@
+"""The CUDA backend: one ``__global__`` kernel per grid nest, thread blocks cooperating on tiles.
+
+:mod:`polyfuse.emit_cpp.grid` splits the tile program into kernels.  In a **CTA kernel** each
+thread block runs one iteration of the collapsed grid loops; its temporaries live in shared
+memory (one dynamic buffer, static offsets) and every tile statement is shared by the block's
+threads:
+
+* elementwise work runs one element per thread per step, the store's last axis fastest so that
+  neighbouring threads touch neighbouring addresses (coalesced);
+* ``Reduce`` runs in-thread over a strided slice, then with warp shuffles (``shfl_xor``) across
+  the lanes that share an output, then through shared memory across warps when one output needs
+  more than a warp;
+* ``Dot`` with f16 or bf16 operands runs on tensor cores (:mod:`polyfuse.emit_cpp.mma`);
+  other dots stage their operands in shared memory and multiply in f32/f64;
+* nodes that need loops of their own are materialized in shared memory in post-order, with a
+  barrier after each step and after each statement.
+
+A **map kernel** (a tile statement outside any loop) gives each thread one stored element and
+computes what that element needs — reductions and dots included — in registers.
+
+Precision: as the host backend, f16/bf16/fp8 values are computed in float and rounded after
+every operation.  Tensor cores multiply 16-bit operands exactly and accumulate in f32; an f32
+operand of such a dot (attention's P) is split into two 16-bit parts (:mod:`~polyfuse.emit_cpp.mma`),
+so that it keeps the accuracy of the f32 program.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
+from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
+from polyfuse.emit_cpp.target import Arg, KernelSource, Launch, Target
+from polyfuse.errors import UnsupportedPattern
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
+from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, depends_on, per_element_loads
+from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of
+
+DEFAULT_WARPS = 4
+MAP_THREADS = 256
+SHARED_LIMIT = 227 * 1024
+"""Dynamic shared memory one block may opt into on sm_90 (H100/H200)."""
+_SIZEOF = {"float": 4, "double": 8, "int32_t": 4, "int64_t": 8, "bool": 1, "int": 4, "uint16_t": 2, "uint8_t": 1}
+
+
+class CudaEmitter(CFamilyEmitter):
+    """CUDA C++ for nvcc; subclassed by the HIP emitter."""
+
+    header = "polyfuse_gpu.h"
+    math_functions = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "floor",
+                      "ceil": "ceil", "exp2": "exp2", "log2": "log2", "abs": "fabs", "pow": "pow"}
+    tensor_cores = True
+
+    def __init__(self, program: TileProgram, target: Target):
+        partitioned, self.nests = partition(program)
+        super().__init__(partitioned)
+        self.target = target
+        self.warp = target.warp_size
+        self.tensors = {t.name: t for t in partitioned.tensors}
+        self.shared_names = {n for nest in self.nests for n in nest.shared}
+        self.inline = False
+        self.lane: int | None = None
+        self.lane_arrays: dict[TileLoad, str] = {}
+        self.memo: list[dict] = [{}]
+        self.threads = DEFAULT_WARPS * self.warp
+        self.scratch = 0
+        self.peak = 0
+
+    # ------------------------------------------------------------ table of differences
+    def kernel_qualifiers(self, threads: int) -> str:
+        return f'extern "C" __global__ void __launch_bounds__({threads})'
+
+    def call(self, fn: str, x: str, d: DType) -> str:
+        if fn == "abs" and not d.is_float:
+            return f"pf::iabs({x})"
+        return super().call(fn, x, d)
+
+    # ------------------------------------------------------------ scopes (memo of inline values)
+    def open(self, header: str) -> None:
+        super().open(header)
+        self.memo.append({})
+
+    def close(self) -> None:
+        super().close()
+        self.memo.pop()
+
+    def barrier(self) -> None:
+        self.line("__syncthreads();")
+
+    # ------------------------------------------------------------ shared-memory scratch
+    def take(self, nbytes: int) -> int:
+        """Byte offset of ``nbytes`` of per-statement scratch (16-byte aligned)."""
+        offset = self.scratch
+        self.scratch = offset + _align(nbytes)
+        self.peak = max(self.peak, self.scratch)
+        return offset
+
+    def shared_array(self, ctype: str, name: str, nbytes: int) -> None:
+        self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(pf_smem + {self.take(nbytes)});")
+
+    def decode(self, axes: tuple[str, ...], flat: str) -> dict[str, str]:
+        """Declare the axis variables of the row-major element ``flat`` over ``axes``."""
+        stride = 1
+        for a in reversed(axes):
+            size = self.sizes[a]
+            if a == axes[0]:
+                text = f"({flat}) / {stride}" if stride > 1 else f"({flat})"
+            else:
+                text = f"(({flat}) / {stride}) % {size}" if stride > 1 else f"({flat}) % {size}"
+            self.line(f"const int {axis_var(a)} = static_cast<int>({text});")
+            stride *= size
+        return {a: axis_var(a) for a in axes}
+
+    # ------------------------------------------------------------ vector lanes
+    def lane_plan(self, exprs: list[Expr], axis: str) -> tuple[int, list[TileLoad]]:
+        """Lanes per thread along ``axis`` and the loads read as vectors (see :mod:`~polyfuse.emit_cpp.vector`)."""
+        loads: list[TileLoad] = []
+        for e in exprs:
+            for x in per_element_loads(e, self.materialized):
+                if x not in loads and x.tensor.name not in self.shared_names and not x.tensor.dtype.is_bool:
+                    loads.append(x)
+        extent = self.sizes[axis]
+        for vec in (8, 4, 2):
+            if extent % vec:
+                continue
+            chosen = [x for x in loads if _SIZEOF[self.stype(x.tensor.dtype)] * vec <= VECTOR_BYTES
+                      and aligned(x.index, x.tensor.shape, axis, vec)
+                      and (x.mask is None or not depends_on(x.mask, axis))]
+            if chosen:
+                return vec, chosen
+        return 1, []
+
+    def vector_store(self, s: TileStore, axis: str, vec: int) -> bool:
+        t = s.tensor
+        return (vec > 1 and s.reducer is None and t.name not in self.shared_names and not t.dtype.is_bool
+                and aligned(s.index, t.shape, axis, vec) and (s.mask is None or not depends_on(s.mask, axis)))
+
+    def load_lanes(self, loads: list[TileLoad], env: dict[str, str], vec: int) -> None:
+        """Read each load's ``vec`` lanes at ``env`` (lane 0) into a register array."""
+        self.lane_arrays = {}
+        for x in loads:
+            st = self.stype(x.tensor.dtype)
+            arr = self.fresh("v")
+            ctype, n = chunks(_SIZEOF[st], vec)
+            self.line(f"alignas(16) {st} {arr}[{vec}];")
+            src = self.access(x.tensor, x.index, env)
+            copy = " ".join(f"reinterpret_cast<{ctype}*>({arr})[{c}] = reinterpret_cast<const {ctype}*>(&{src})[{c}];"
+                            for c in range(n))
+            if x.mask is None:
+                self.line(copy)
+            else:
+                other = self.to_storage(self.literal(x.other.value if x.other is not None else 0, x.tensor.dtype),
+                                        x.tensor.dtype)
+                self.line(f"if ({self.scalar(x.mask, env)}) {{ {copy} }} else {{ "
+                          f"for (int pf_l = 0; pf_l < {vec}; ++pf_l) {arr}[pf_l] = {other}; }}")
+            self.lane_arrays[x] = arr
+
+    def lanes(self, env: dict[str, str], axis: str, vec: int):
+        """``(lane, env of that lane)`` for each of ``vec`` consecutive elements from ``env``."""
+        for v in range(vec):
+            self.lane = v
+            yield v, {**env, axis: f"({env[axis]} + {v})"}
+        self.lane = None
+
+    def store_elements(self, s: TileStore, axes: tuple[str, ...], flat: str, step: str, total: int) -> None:
+        """The loop storing ``total`` elements of ``s``: ``flat`` is the first, ``step`` the stride."""
+        inner = axes[-1]
+        exprs = [s.value] + ([s.mask] if s.mask is not None else [])
+        vec, loads = self.lane_plan(exprs, inner)
+        itemsize = _SIZEOF.get(self.stype(s.tensor.dtype), 1)
+        if vec == 1:
+            vec = next((v for v in (8, 4, 2) if self.sizes[inner] % v == 0 and itemsize * v <= VECTOR_BYTES
+                        and self.vector_store(s, inner, v)), 1)
+        as_vector = self.vector_store(s, inner, vec) and itemsize * vec <= 2 * VECTOR_BYTES
+        if vec == 1 or (not loads and not as_vector):
+            self.open(f"for ({flat}; pf_e < {total}; pf_e += {step})")
+            self.assign(s, self.decode(axes, "pf_e"))
+            self.close()
+            return
+        self.open(f"for ({flat.replace('pf_e', 'pf_g')}; pf_g < {total // vec}; pf_g += {step})")
+        self.line(f"const int64_t pf_e = pf_g * {vec};")
+        env = self.decode(axes, "pf_e")
+        self.load_lanes(loads, env, vec)
+        if not as_vector:
+            for _, lane_env in self.lanes(env, inner, vec):
+                self.assign(s, lane_env)
+        else:
+            st = self.stype(s.tensor.dtype)
+            out = self.fresh("w")
+            self.line(f"alignas(16) {st} {out}[{vec}];")
+            for v, lane_env in self.lanes(env, inner, vec):
+                value = self.convert(self.scalar(s.value, lane_env), s.value.dtype, s.tensor.dtype)
+                self.line(f"{out}[{v}] = {self.to_storage(value, s.tensor.dtype)};")
+            ctype, n = chunks(_SIZEOF[st], vec)
+            dst = self.access(s.tensor, s.index, env)
+            copy = " ".join(f"reinterpret_cast<{ctype}*>(&{dst})[{c}] = reinterpret_cast<const {ctype}*>({out})[{c}];"
+                            for c in range(n))
+            self.line(f"if ({self.scalar(s.mask, env)}) {{ {copy} }}" if s.mask is not None else copy)
+        self.lane_arrays = {}
+        self.close()
+
+    # ------------------------------------------------------------ expressions (map kernels compute inline)
+    def scalar(self, e: Expr, env: dict[str, str]) -> str:
+        if self.lane is not None and isinstance(e, TileLoad) and e in self.lane_arrays:
+            return self.from_storage(f"{self.lane_arrays[e]}[{self.lane}]", e.tensor.dtype)
+        if self.inline and isinstance(e, (Reduce, Dot)):
+            key = (e, tuple(sorted(env.items())))
+            for memo in reversed(self.memo):
+                if key in memo:
+                    return memo[key]
+            text = self.inline_reduce(e, env) if isinstance(e, Reduce) else self.inline_dot(e, env)
+            self.memo[-1][key] = text
+            return text
+        return super().scalar(e, env)
+
+    def combine(self, op: str, acc: str, item: str, ct: str) -> str:
+        kind = _REDUCER_OP[op]
+        if kind in ("max", "min"):
+            return f"pf::{kind}<{ct}>({acc}, {item})"
+        if kind == "or":
+            return f"({acc} || {item})"
+        return f"({acc} {kind} {item})"
+
+    def reduce_type(self, e: Reduce) -> str:
+        return "int" if e.op == "or" else self.ctype(e.dtype)
+
+    def reduce_result(self, e: Reduce, acc: str) -> str:
+        return f"({acc} != 0)" if e.op == "or" else self.rounded(acc, e.dtype)
+
+    def inline_reduce(self, e: Reduce, env: dict[str, str]) -> str:
+        acc, ct = self.fresh("acc"), self.reduce_type(e)
+        self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
+        r = axis_var(e.axis)
+        self.open(f"for (int {r} = 0; {r} < {self.sizes[e.axis]}; ++{r})")
+        item = self.scalar(e.tile, {**env, e.axis: r})
+        self.line(f"{acc} = {self.combine(e.op, acc, item, ct)};")
+        self.close()
+        return self.reduce_result(e, acc)
+
+    def inline_dot(self, e: Dot, env: dict[str, str]) -> str:
+        acc, ct = self.fresh("dot"), self.ctype(e.dtype)
+        self.line(f"{ct} {acc} = 0;")
+        k = axis_var(e.axis)
+        self.open(f"for (int {k} = 0; {k} < {self.sizes[e.axis]}; ++{k})")
+        inner = {**env, e.axis: k}
+        a = self.convert(self.scalar(e.a, inner), e.a.dtype, e.dtype)
+        b = self.convert(self.scalar(e.b, inner), e.b.dtype, e.dtype)
+        self.line(f"{acc} += {a} * {b};")
+        self.close()
+        return self.rounded(f"({self.scalar(e.acc, env)} + {acc})", e.dtype)
+
+    # ------------------------------------------------------------ CTA statements
+    def store(self, s: TileStore) -> None:
+        self.sizes = axis_sizes(s)
+        self.materialized = {}
+        mark = self.scratch
+        self.line(f"// {s.block}")
+        self.open("")
+        for e in [s.value] + ([s.mask] if s.mask is not None else []):
+            self.materialize_within(e)
+        axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
+        if self.reads_other_elements(s):
+            self.materialize(s.value)
+        if axes:
+            total = math.prod(self.sizes[a] for a in axes)
+            self.store_elements(s, axes, "int64_t pf_e = pf_tid", str(self.threads), total)
+        else:
+            self.open("if (pf_tid == 0)")
+            self.assign(s, {})
+            self.close()
+        self.close()
+        self.barrier()
+        self.scratch = mark
+        self.materialized = {}
+
+    def materialize(self, e: Expr) -> None:
+        axes = axes_of(e)
+        size = math.prod(self.sizes[a] for a in axes)
+        name = self.fresh()
+        ct = self.reduce_type(e) if isinstance(e, Reduce) else self.ctype(e.dtype)
+        if isinstance(e, Reduce) and e.op == "or":
+            ct = "bool"
+        self.shared_array(ct, name, size * _SIZEOF[ct])
+        if isinstance(e, Dot):
+            from polyfuse.emit_cpp.mma import emit_dot
+
+            emit_dot(self, e, name, axes)
+        elif isinstance(e, Reduce):
+            self.block_reduce(e, name, axes)
+        else:
+            self.open(f"for (int pf_e = pf_tid; pf_e < {size}; pf_e += {self.threads})")
+            env = self.decode(axes, "pf_e")
+            self.line(f"{name}[pf_e] = {self.scalar(e, env)};")
+            self.close()
+        self.barrier()
+        self.materialized[e] = _Materialized(name, axes)
+
+    def shuffle_combine(self, op: str, acc: str, ct: str, lanes: int) -> None:
+        """Combine ``acc`` across groups of ``lanes`` lanes (a butterfly of xor shuffles).
+
+        Every lane of the warp must execute each shuffle: the shuffled value is read into a
+        variable first, since ``acc || shfl(...)`` would skip the shuffle where ``acc`` is true.
+        """
+        self.open(f"for (int pf_s = {lanes // 2}; pf_s > 0; pf_s >>= 1)")
+        self.line(f"const {ct} pf_other = pf::shfl_xor({acc}, pf_s);")
+        self.line(f"{acc} = {self.combine(op, acc, 'pf_other', ct)};")
+        self.close()
+
+    def reduce_items(self, e: Reduce, env: dict[str, str], acc: str, ct: str, first: str, step: int) -> None:
+        """``acc ⊕= e.tile[r]`` for ``r = first, first + step, …`` (``vec`` neighbours per step where loads allow)."""
+        r, length = axis_var(e.axis), self.sizes[e.axis]
+        vec, loads = self.lane_plan([e.tile], e.axis)
+        if vec == 1:
+            self.open(f"for (int {r} = {first}; {r} < {length}; {r} += {step})")
+            self.line(f"{acc} = {self.combine(e.op, acc, self.scalar(e.tile, {**env, e.axis: r}), ct)};")
+            self.close()
+            return
+        self.open(f"for (int {r} = ({first}) * {vec}; {r} < {length}; {r} += {step * vec})")
+        inner = {**env, e.axis: r}
+        self.load_lanes(loads, inner, vec)
+        for _, lane_env in self.lanes(inner, e.axis, vec):
+            self.line(f"{acc} = {self.combine(e.op, acc, self.scalar(e.tile, lane_env), ct)};")
+        self.lane_arrays = {}
+        self.close()
+
+    def block_reduce(self, e: Reduce, name: str, axes: tuple[str, ...]) -> None:
+        """``name[o] = op_r e.tile[o, r]`` for every output ``o``, by the whole block."""
+        outputs = math.prod(self.sizes[a] for a in axes)
+        length = self.sizes[e.axis]
+        ct = self.reduce_type(e)
+        lanes = _pow2_floor(max(1, self.threads // outputs))
+        lanes = min(lanes, _pow2_ceil(length))
+        if lanes <= self.warp:
+            per_round = self.threads // lanes
+            self.open(f"for (int pf_o0 = 0; pf_o0 < {outputs}; pf_o0 += {per_round})")
+            self.line(f"const int pf_o = pf_o0 + pf_tid / {lanes};")
+            acc = self.fresh("acc")
+            self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
+            self.open(f"if (pf_o < {outputs})")
+            env = self.decode(axes, "pf_o")
+            self.reduce_items(e, env, acc, ct, f"pf_tid % {lanes}", lanes)
+            self.close()
+            if lanes > 1:
+                self.shuffle_combine(e.op, acc, ct, lanes)
+            self.line(f"if (pf_o < {outputs} && pf_tid % {lanes} == 0) {name}[pf_o] = {self.reduce_result(e, acc)};")
+            self.close()
+            return
+        warps = self.threads // self.warp
+        partial = self.fresh("red")
+        self.shared_array(ct, partial, warps * _SIZEOF[ct])
+        self.open(f"for (int pf_o = 0; pf_o < {outputs}; ++pf_o)")
+        env = self.decode(axes, "pf_o")
+        acc = self.fresh("acc")
+        self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
+        self.reduce_items(e, env, acc, ct, "pf_tid", self.threads)
+        self.shuffle_combine(e.op, acc, ct, self.warp)
+        self.line(f"if (pf_tid % {self.warp} == 0) {partial}[pf_tid / {self.warp}] = {acc};")
+        self.barrier()
+        self.open("if (pf_tid == 0)")
+        self.line(f"{ct} pf_w = {partial}[0];")
+        step = self.combine(e.op, "pf_w", f"{partial}[pf_i]", ct)
+        self.line(f"for (int pf_i = 1; pf_i < {warps}; ++pf_i) pf_w = {step};")
+        self.line(f"{name}[pf_o] = {self.reduce_result(e, 'pf_w')};")
+        self.close()
+        self.barrier()
+        self.close()
+
+    # ------------------------------------------------------------ kernels
+    def nest_kernel(self, nest: GridNest, name: str) -> Launch:
+        self.scratch, self.peak = 0, 0
+        warps = _warps(nest.chain)
+        self.threads = warps * self.warp if nest.kind == CTA else MAP_THREADS
+        header_at = len(self.lines)
+        self.line(f"{self.kernel_qualifiers(self.threads)} {name}({self.parameters()})")
+        self.line("{")
+        self.depth += 1
+        if nest.kind == MAP:
+            blocks = self.map_body(nest.body)
+            self.depth -= 1
+            self.line("}")
+            self.line("")
+            return Launch(name, blocks, self.threads, 0)
+        self.line("extern __shared__ __align__(16) unsigned char pf_smem[];")
+        self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
+        self.line("(void)pf_tid;")
+        blocks: Expr = Const(1, dt.i64)
+        if nest.chain:
+            self.line("int64_t pf_bid = blockIdx.x;")
+            for lp in reversed(nest.chain):
+                ext = self.scalar(lp.extent, {})
+                self.line(f"const int {lp.var.name} = static_cast<int>(pf_bid % {ext});")
+                self.line(f"pf_bid /= {ext};")
+            for lp in nest.chain:
+                blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)
+        for t in nest.shared:
+            tensor = self.tensors[t]
+            size = _static_numel(tensor)
+            if size is None:
+                raise UnsupportedPattern(f"temporary {t!r} lives in shared memory per block but its shape "
+                                         f"{list(map(str, tensor.shape))} is not static; give it a constant shape")
+            self.shared_array(self.stype(tensor.dtype), t, size * _SIZEOF[self.stype(tensor.dtype)])
+        words = self.scratch // 4
+        if words:
+            self.line(f"for (int pf_z = pf_tid; pf_z < {words}; pf_z += {self.threads}) "
+                      f"reinterpret_cast<uint32_t*>(pf_smem)[pf_z] = 0u;")
+            self.barrier()
+        self.stmt(nest.body)
+        self.depth -= 1
+        self.line("}")
+        self.line("")
+        if self.peak > SHARED_LIMIT:
+            raise UnsupportedPattern(f"kernel {name} needs {self.peak} bytes of shared memory (tiles and their "
+                                     f"temporaries); a block may use {SHARED_LIMIT}. Use smaller tiles in the schedule")
+        self.lines[header_at] += f"  // {self.peak} bytes of shared memory, {self.threads} threads"
+        return Launch(name, blocks, self.threads, self.peak)
+
+    def map_body(self, s: TileStore) -> Expr:
+        self.sizes = axis_sizes(s)
+        self.materialized = {}
+        if self.reads_other_elements(s):
+            raise UnsupportedPattern(f"block {s.block!r}: a statement outside any loop reads {s.tensor.name!r} at "
+                                     f"elements it also writes; it cannot run one element per thread")
+        axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
+        total = math.prod(self.sizes[a] for a in axes)
+        self.line(f"// {s.block}: one element per thread")
+        self.inline = True
+        self.store_elements(s, axes, f"int64_t pf_e = static_cast<int64_t>(blockIdx.x) * {self.threads} + threadIdx.x",
+                            f"static_cast<int64_t>(gridDim.x) * {self.threads}", total)
+        self.inline = False
+        return Const(max(1, min(-(-total // self.threads), 1 << 20)), dt.i64)
+
+    def arguments(self) -> list:
+        p = self.program
+        inputs = [t for t in p.tensors if t.role == INPUT]
+        outputs = [t for t in p.tensors if t.role == OUTPUT]
+        scratch = [t for t in p.tensors if t.role not in (INPUT, OUTPUT) and t.name not in self.shared_names]
+        return inputs + outputs + scratch
+
+    def parameters(self) -> str:
+        parts = []
+        for t in self.arguments():
+            const = "const " if t.role == INPUT else ""
+            parts.append(f"{const}{self.stype(t.dtype)}* {self.restrict} {t.name}")
+        parts += [f"const int64_t {v.name}" for v in self.program.params]
+        return ", ".join(parts)
+
+    def kernel(self, entry: str) -> KernelSource:
+        p = self.program
+        self.line(f'#include "{self.header}"')
+        self.line("")
+        self.line(f"// {p.name}: generated by polyfuse for {self.target.backend} ({self.target.arch}); "
+                  f"{len(self.nests)} kernel(s), launched in order")
+        launches = tuple(self.nest_kernel(nest, f"{entry}_k{k}") for k, nest in enumerate(self.nests))
+        args = self.arguments()
+        signature = tuple(Arg(t.name, t.role, tuple(_dim(d) for d in t.shape), t.dtype) for t in args)
+        return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
+                            self.target, launches)
+
+    def loop(self, s: Loop) -> None:
+        self.open(self.loop_header(s))
+        self.stmt(s.body)
+        self.close()
+
+
+def _align(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def _pow2_floor(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def _pow2_ceil(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _warps(chain: tuple[Loop, ...]) -> int:
+    for lp in chain:
+        for k, v in lp.annotations:
+            if k == "warps":
+                return int(v)  # type: ignore[call-overload]
+    return DEFAULT_WARPS
+
+
+def _static_numel(t) -> int | None:
+    if all(isinstance(d, Const) for d in t.shape):
+        return math.prod(int(d.value) for d in t.shape)
+    return None
+
+
+def _dim(d) -> int | str:
+    if isinstance(d, Const):
+        return int(d.value)
+    if isinstance(d, Var):
+        return d.name
+    return str(d)
+
+
+def entry_name(program: TileProgram) -> str:
+    return "polyfuse_" + re.sub(r"\W", "_", program.name)
+
+
+def emit_cuda(program: TileProgram, target: Target) -> KernelSource:
+    return CudaEmitter(program, target).kernel(entry_name(program))

@@ -1,0 +1,246 @@
+"""``Dot`` inside a thread block: tensor cores (``mma.sync`` m16n8k16 via ``ldmatrix``) or f32 FMA.
+
+A dot ``out[m.., n..] = acc + Σ_k a[m.., k]·b[k, n..]`` goes to tensor cores when
+
+1. the target has them (CUDA) and the result is f32;
+2. an operand is exactly f16 or bf16 (a load of such a tensor, possibly cast to f32, permuted
+   or selected against zero) and the other is the same type or f32.  An f32 operand (attention's
+   P in P·V) is split into two 16-bit parts, ``hi = round(x)`` and ``lo = round(x - hi)``, and
+   multiplied twice: ``x·y = hi·y + lo·y`` with 22 (f16) or 16 (bf16) significant bits of ``x``
+   instead of 11 or 8, so the product keeps the accuracy the f32 program has at the tolerance of
+   the catalog (rounding P to f16 alone, as FlashAttention does, costs 2⁻¹¹ relative and fails it);
+3. ``a`` and ``b`` share no axis but ``k`` (no batch axes).
+
+The operands are staged in shared memory as 16-bit values, padded to M×K multiples of 16 and N
+of 8 with zeros, each in the layout that keeps its global reads coalesced: ``[m][k]`` or
+``[k][m]`` for ``a``, ``[n][k]`` or ``[k][n]`` for ``b`` (the tensor's contiguous axis last);
+``ldmatrix`` (``.trans`` for the transposed layouts) turns rows into fragments.  Rows are padded
+by 8 elements so that the eight rows one ``ldmatrix`` reads fall in different banks.  Each warp
+owns a 16-row strip and up to eight 8-column tiles of the output, whose accumulators stay in
+registers across the k loop; the epilogue adds ``acc`` and writes the block's result array.
+
+Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.cfamily import axis_var
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import Cast, Const, Expr, Select
+from polyfuse.tiling.htile import Broadcast, Dot, Permute, Slice, TileLoad, axes_of, walk_tile_expr
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+LOW = {"f16": "f16", "bf16": "bf16"}
+
+
+def exact_low(x: Expr) -> DType | None:
+    """The 16-bit float type ``x`` holds exactly (its values are such numbers), else None."""
+    if x.dtype.name in LOW:
+        return x.dtype
+    if isinstance(x, Cast):
+        return exact_low(x.value) if x.value.dtype.name in LOW or isinstance(x.value, (Permute, Select)) else None
+    if isinstance(x, Permute):
+        return exact_low(x.tile)
+    if isinstance(x, Broadcast) and axes_of(x.tile) == tuple(a for a, _ in x.axes):
+        return exact_low(x.tile)
+    if isinstance(x, Select):
+        t, f = x.true_value, x.false_value
+        if isinstance(f, Const) and f.value == 0:
+            return exact_low(t)
+        if isinstance(t, Const) and t.value == 0:
+            return exact_low(f)
+    return None
+
+
+def contiguous_axis(x: Expr, default: str) -> str:
+    """The tile axis that runs along the last dimension of the first tensor ``x`` loads."""
+    for n in walk_tile_expr(x):
+        if isinstance(n, TileLoad):
+            if any(isinstance(i, Slice) for i in n.index):
+                last = n.index[-1]
+                return last.axis if isinstance(last, Slice) else default
+    return default
+
+
+def mma_type(em: CudaEmitter, e: Dot) -> DType | None:
+    """The operand type of a tensor-core lowering of ``e``, or None if it does not qualify."""
+    if not em.tensor_cores or e.dtype != dt.f32:
+        return None
+    a_axes, b_axes = axes_of(e.a), axes_of(e.b)
+    if e.axis not in a_axes or e.axis not in b_axes:
+        return None
+    if set(a_axes) & set(b_axes) - {e.axis}:
+        return None
+    ta, tb = exact_low(e.a), exact_low(e.b)
+    if ta is not None and tb is not None and ta != tb:
+        return None
+    return ta or tb
+
+
+def emit_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
+    low = mma_type(em, e)
+    if low is None:
+        _fma_dot(em, e, name, axes)
+    else:
+        _mma_dot(em, e, name, low)
+
+
+def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
+    ct = em.ctype(e.dtype)
+    size = 8 if ct == "double" else 4
+    k = e.axis
+    m_axes = tuple(x for x in axes_of(e.a) if x != k)
+    n_axes = tuple(x for x in axes_of(e.b) if x != k and x not in m_axes)
+    batch = tuple(x for x in axes_of(e.b) if x != k and x in m_axes)
+    if batch:
+        _batched_dot(em, e, name, axes)
+        return
+    kk = em.sizes[k]
+    mm = math.prod(em.sizes[x] for x in m_axes)
+    nn = math.prod(em.sizes[x] for x in n_axes)
+    sa, sb = em.fresh("fa"), em.fresh("fb")
+    em.shared_array(ct, sa, mm * kk * size)
+    em.shared_array(ct, sb, kk * nn * size)
+    for arr, x, rows, cols in ((sa, e.a, m_axes, (k,)), (sb, e.b, (k,), n_axes)):
+        total = math.prod(em.sizes[a] for a in rows + cols)
+        em.open(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
+        env = em.decode(rows + cols, "pf_e")
+        em.line(f"{arr}[pf_e] = {em.convert(em.scalar(x, env), x.dtype, e.dtype)};")
+        em.close()
+    em.barrier()
+    em.open(f"for (int pf_e = pf_tid; pf_e < {mm * nn}; pf_e += {em.threads})")
+    em.line(f"const int pf_m = pf_e / {nn}, pf_n = pf_e % {nn};")
+    em.line(f"{ct} pf_s = 0;")
+    em.line(f"for (int pf_k = 0; pf_k < {kk}; ++pf_k) pf_s += {sa}[pf_m * {kk} + pf_k] * {sb}[pf_k * {nn} + pf_n];")
+    env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
+    em.line(f"{name}[pf_e] = {em.rounded(f'({em.scalar(e.acc, env)} + pf_s)', e.dtype)};")
+    em.close()
+
+
+def _batched_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
+    """A dot with batch axes: each output element sums its k-slice directly."""
+    ct = em.ctype(e.dtype)
+    total = math.prod(em.sizes[a] for a in axes)
+    em.open(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
+    env = em.decode(axes, "pf_e")
+    k = axis_var(e.axis)
+    em.line(f"{ct} pf_s = 0;")
+    em.open(f"for (int {k} = 0; {k} < {em.sizes[e.axis]}; ++{k})")
+    inner = {**env, e.axis: k}
+    a = em.convert(em.scalar(e.a, inner), e.a.dtype, e.dtype)
+    b = em.convert(em.scalar(e.b, inner), e.b.dtype, e.dtype)
+    em.line(f"pf_s += {a} * {b};")
+    em.close()
+    em.line(f"{name}[pf_e] = {em.rounded(f'({em.scalar(e.acc, env)} + pf_s)', e.dtype)};")
+    em.close()
+
+
+def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
+    k = e.axis
+    m_axes = tuple(x for x in axes_of(e.a) if x != k)
+    n_axes = tuple(x for x in axes_of(e.b) if x != k)
+    mm = math.prod(em.sizes[x] for x in m_axes)
+    nn = math.prod(em.sizes[x] for x in n_axes)
+    kk = em.sizes[k]
+    mp, np_, kp = _up(mm, 16), _up(nn, 8), _up(kk, 16)
+    a_km = contiguous_axis(e.a, k) != k
+    b_kn = contiguous_axis(e.b, k) != k
+    low_name = LOW[low.name]
+    split_a, split_b = exact_low(e.a) is None, exact_low(e.b) is None
+    sa, sb = em.fresh("ta"), em.fresh("tb")
+    a_stride = (mp if a_km else kp) + 8
+    b_stride = (np_ if b_kn else kp) + 8
+    a_size = (kp if a_km else mp) * a_stride
+    b_size = (kp if b_kn else np_) * b_stride
+    em.shared_array("uint16_t", sa, a_size * 2 * (2 if split_a else 1))
+    em.shared_array("uint16_t", sb, b_size * 2 * (2 if split_b else 1))
+    em.line(f"// tensor cores: {mm}x{nn}x{kk} ({mp}x{np_}x{kp} padded), {low} operands, "
+            f"a as [{'k][m' if a_km else 'm][k'}]{' split hi+lo' if split_a else ''}, "
+            f"b as [{'k][n' if b_kn else 'n][k'}]{' split hi+lo' if split_b else ''}")
+    # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its hi part.
+    for arr, x, rows_pad, rows, rows_axes, trans, stride, split, size in (
+            (sa, e.a, mp, mm, m_axes, a_km, a_stride, split_a, a_size),
+            (sb, e.b, np_, nn, n_axes, b_kn, b_stride, split_b, b_size)):
+        outer, inner = (kp, rows_pad) if trans else (rows_pad, kp)
+        em.open(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
+        if trans:
+            em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
+        else:
+            em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
+        em.line("float pf_v = 0.0f;")
+        em.open(f"if (pf_r < {rows} && pf_k < {kk})")
+        env = {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
+        em.line(f"pf_v = {em.convert(em.scalar(x, env), x.dtype, dt.f32)};")
+        em.close()
+        em.line(f"const int pf_at = pf_e / {inner} * {stride} + pf_e % {inner};")
+        em.line(f"const uint16_t pf_hi = pf::float_to_{low_name}(pf_v);")
+        em.line(f"{arr}[pf_at] = pf_hi;")
+        if split:
+            em.line(f"{arr}[{size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
+        em.close()
+    em.barrier()
+    warps = em.threads // em.warp
+    mtiles, ntiles = mp // 16, np_ // 8
+    per = min(ntiles, 8)
+    while per > 1 and mtiles * -(-ntiles // per) < warps:
+        per //= 2
+    groups = -(-ntiles // per)
+    mma = f"pf::mma_{LOW[low.name]}"
+    em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
+    em.open(f"for (int pf_t = pf_warp; pf_t < {mtiles * groups}; pf_t += {warps})")
+    em.line(f"const int pf_mt = pf_t / {groups}, pf_ng = pf_t % {groups};")
+    em.line(f"float pf_c[{per}][4] = {{}};")
+    em.open(f"for (int pf_kk = 0; pf_kk < {kp}; pf_kk += 16)")
+    if a_km:
+        a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a_stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
+    else:
+        a_at = f"(pf_mt * 16 + pf_lane % 16) * {a_stride} + pf_kk + (pf_lane / 16) * 8"
+    load_a = "pf::ldmatrix_x4_trans" if a_km else "pf::ldmatrix_x4"
+    for part, offset in (("pf_fa", ""), ("pf_fa_lo", f"{a_size} + ")) if split_a else (("pf_fa", ""),):
+        em.line(f"uint32_t {part}[4];")
+        em.line(f"{load_a}({part}, &{sa}[{offset}{a_at}]);")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    em.line(f"const int pf_nt = pf_ng * {per} + pf_nb;")
+    em.open(f"if (pf_nt < {ntiles})")
+    if b_kn:
+        b_at = f"(pf_kk + pf_lane % 16) * {b_stride} + pf_nt * 8"
+    else:
+        b_at = f"(pf_nt * 8 + pf_lane % 8) * {b_stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
+    load_b = "pf::ldmatrix_x2_trans" if b_kn else "pf::ldmatrix_x2"
+    for part, offset in (("pf_fb", ""), ("pf_fb_lo", f"{b_size} + ")) if split_b else (("pf_fb", ""),):
+        em.line(f"uint32_t {part}[2];")
+        em.line(f"{load_b}({part}, &{sb}[{offset}{b_at}]);")
+    em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb);")
+    if split_a:
+        em.line(f"{mma}(pf_c[pf_nb], pf_fa_lo, pf_fb);")
+    if split_b:
+        em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb_lo);")
+    em.close()
+    em.close()
+    em.close()
+    # Epilogue: thread holds rows lane/4 (+8) and columns 2*(lane%4) (+1) of each 16x8 tile.
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
+    em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + (pf_q / 2) * 8;")
+    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_q % 2;")
+    em.open(f"if (pf_m < {mm} && pf_n < {nn})")
+    env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
+    total = em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype)
+    em.line(f"{name}[pf_m * {nn} + pf_n] = {total};")
+    em.close()
+    em.close()
+    em.close()
+    em.close()
+
+
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to

@@ -1,0 +1,245 @@
+"""A compiled GPU program as a Python callable: argument checks, then its kernels in order.
+
+Arrays on the device — PyTorch tensors, and anything with ``__cuda_array_interface__`` (CuPy,
+Numba) — are used in place, zero-copy; the outputs then come back as arrays of the same
+framework on the same device, and nothing waits for the GPU (launches are asynchronous, on the
+default stream).  NumPy arrays are copied to the device and the outputs copied back.  Every
+argument is checked before anything is launched, as on the host (:mod:`polyfuse.runtime.kernel`):
+count, kind and device, dtype, shape, C-contiguity; a mismatch raises
+:class:`~polyfuse.errors.LaunchError` naming the argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from polyfuse.emit_cpp.target import Arg, KernelSource
+from polyfuse.errors import LaunchError
+from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.runtime.loaders import Loader
+
+_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
+                 "i64": "int64", "bool": "bool", "fp8e4m3": "float8_e4m3fn"}
+
+
+@dataclass
+class _Device:
+    """A device array as the launch sees it: pointer, shape, dtype name, owner (kept alive)."""
+
+    pointer: int
+    shape: tuple[int, ...]
+    dtype: str
+    owner: Any
+    framework: str  # "torch", "cai" or "numpy" (copied in)
+
+
+class GpuKernel:
+    """``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them."""
+
+    def __init__(self, source: KernelSource, image: Path, loader: Loader, sizes: Mapping[str, int] | None = None):
+        self.kernel_source = source
+        self.image = image
+        self.loader = loader
+        self.bound_sizes = dict(sizes or {})
+        module = loader.load(image.read_bytes())
+        self._module = module
+        self._functions = [loader.function(module, launch.kernel, launch.shared) for launch in source.launches]
+        self.inputs = tuple(a for a in source.args if a.role == "input")
+        self.outputs = tuple(a for a in source.args if a.role == "output")
+        self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
+        self._scratch: dict[tuple, list] = {}
+
+    @property
+    def source(self) -> str:
+        return self.kernel_source.text
+
+    @property
+    def name(self) -> str:
+        return self.kernel_source.entry
+
+    @property
+    def signature(self) -> str:
+        return self.kernel_source.signature
+
+    def __repr__(self) -> str:
+        return f"GpuKernel({self.signature}, {len(self._functions)} launch(es) via {self.loader.name})"
+
+    def __call__(self, *arrays: object, **sizes: int):
+        outs = self.launch(arrays, sizes)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def run(self, inputs: Mapping[str, np.ndarray], **sizes: int) -> dict[str, np.ndarray]:
+        """The outputs by name (NumPy), from NumPy inputs by name."""
+        missing = [a.name for a in self.inputs if a.name not in inputs]
+        if missing:
+            raise LaunchError(f"kernel {self.name}: missing input(s) {', '.join(missing)}")
+        outs = self.launch(tuple(inputs[a.name] for a in self.inputs), sizes)
+        return {a.name: o for a, o in zip(self.outputs, outs, strict=True)}
+
+    def synchronize(self) -> None:
+        """Wait for every launch so far (errors inside kernels surface here)."""
+        self.loader.synchronize()
+
+    # ------------------------------------------------------------------ launch
+    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list:
+        n_in, n_all = len(self.inputs), len(self.inputs) + len(self.outputs)
+        if len(arrays) not in (n_in, n_all):
+            names = ", ".join(a.name for a in self.inputs)
+            outs = ", ".join(a.name for a in self.outputs)
+            raise LaunchError(f"kernel {self.name} takes {n_in} input array(s) ({names}), or those followed by "
+                              f"its output(s) ({outs}); got {len(arrays)} argument(s)")
+        unknown = sorted(set(sizes) - set(self.kernel_source.sizes))
+        if unknown:
+            raise LaunchError(f"kernel {self.name} has no size parameter(s) {', '.join(unknown)}; "
+                              f"its sizes are: {', '.join(self.kernel_source.sizes) or 'none'}")
+        described = [_describe(x, spec) for x, spec in zip(arrays, self.kernel_source.args, strict=False)]
+        values = self._sizes(described[:n_in], sizes)
+        for d, spec in zip(described, self.kernel_source.args, strict=False):
+            _check(d, spec, values)
+        framework = next((d for d in described if d.framework != "numpy"), None)
+        device = [self._on_device(d) for d in described]
+        if len(described) == n_in:
+            device += [self._fresh(spec, values, framework) for spec in self.outputs]
+        scratch = self._scratch_for(values)
+        pointers = [d.pointer for d in device] + scratch
+        size_args = [values[s] for s in self.kernel_source.sizes]
+        for fn, launch in zip(self._functions, self.kernel_source.launches, strict=True):
+            blocks = evaluate(launch.blocks, values)
+            if blocks > 0:
+                self.loader.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args)
+        results = []
+        for k in range(len(self.outputs)):
+            given, on_device = (described[n_in + k] if len(described) == n_all else None), device[n_in + k]
+            if on_device.framework == "numpy-out":
+                host = on_device.owner[1]
+                self.loader.to_host(host.ctypes.data, on_device.pointer, host.nbytes)
+                results.append(host)
+            elif given is not None and given.framework == "numpy":
+                host = given.owner
+                self.loader.to_host(host.ctypes.data, on_device.pointer, host.nbytes)
+                results.append(host)
+            else:
+                results.append(on_device.owner)
+        return results
+
+    def _sizes(self, inputs: list[_Device], sizes: Mapping[str, int]) -> dict[str, int]:
+        values = {**self.bound_sizes, **{k: int(v) for k, v in sizes.items()}}
+        for d, spec in zip(inputs, self.inputs, strict=True):
+            for dim, got in zip(spec.shape, d.shape, strict=False):
+                if isinstance(dim, str) and dim not in values:
+                    values[dim] = int(got)
+        missing = [s for s in self.kernel_source.sizes if s not in values]
+        if missing:
+            raise LaunchError(f"kernel {self.name}: no value for size parameter(s) {', '.join(missing)}; "
+                              f"pass them as keywords")
+        return {s: values[s] for s in self.kernel_source.sizes}
+
+    def _on_device(self, d: _Device) -> _Device:
+        if d.framework != "numpy":
+            return d
+        host = d.owner
+        pointer, owner = self.loader.alloc(host.nbytes)
+        self.loader.to_device(pointer, host.ctypes.data, host.nbytes)
+        return _Device(pointer, d.shape, d.dtype, (owner, host), "numpy-in")
+
+    def _fresh(self, spec: Arg, sizes: Mapping[str, int], like: _Device | None) -> _Device:
+        shape = _shape(spec, sizes)
+        if like is not None and like.framework == "torch":
+            import torch
+
+            t = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[spec.dtype.name]), device=like.owner.device)
+            return _Device(t.data_ptr(), shape, spec.dtype.name, t, "torch")
+        if like is not None and like.framework == "cai" and type(like.owner).__module__.startswith("cupy"):
+            import cupy
+
+            a = cupy.empty(shape, dtype=spec.dtype.numpy)
+            return _Device(a.data.ptr, shape, spec.dtype.name, a, "cai")
+        host = np.empty(shape, dtype=spec.dtype.numpy)
+        pointer, owner = self.loader.alloc(host.nbytes)
+        return _Device(pointer, shape, spec.dtype.name, (owner, host), "numpy-out")
+
+    def _scratch_for(self, sizes: Mapping[str, int]) -> list[int]:
+        key = tuple(sorted(sizes.items()))
+        if key not in self._scratch:
+            buffers = []
+            for spec in self.scratch:
+                nbytes = int(np.prod(_shape(spec, sizes), dtype=np.int64)) * spec.dtype.numpy.itemsize
+                buffers.append(self.loader.alloc(nbytes))
+            self._scratch[key] = buffers
+        return [p for p, _ in self._scratch[key]]
+
+
+def evaluate(e: Expr, sizes: Mapping[str, int]) -> int:
+    """The integer value of a size expression (launch grids, shapes)."""
+    if isinstance(e, Const):
+        return int(e.value)
+    if isinstance(e, Var):
+        return int(sizes[e.name])
+    if isinstance(e, BinOp):
+        a, b = evaluate(e.a, sizes), evaluate(e.b, sizes)
+        ops = {"+": a + b, "-": a - b, "*": a * b, "max": max(a, b), "min": min(a, b)}
+        if e.op in ops:
+            return ops[e.op]
+        if e.op in ("//", "%") and b != 0:
+            return a // b if e.op == "//" else a % b
+    raise LaunchError(f"cannot evaluate the size expression {e}")
+
+
+def _describe(x: object, spec: Arg) -> _Device:
+    if isinstance(x, np.ndarray):
+        return _Device(x.ctypes.data, x.shape, _numpy_name(x.dtype), x, "numpy")
+    if hasattr(x, "data_ptr") and hasattr(x, "is_cuda"):
+        if not x.is_cuda:
+            raise LaunchError(f"argument {spec.name!r} is a PyTorch tensor on {x.device}; the GPU kernel needs a "
+                              f"CUDA tensor (or a NumPy array, copied in)")
+        if not x.is_contiguous():
+            raise LaunchError(f"argument {spec.name!r} is not contiguous; pass .contiguous()")
+        name = str(x.dtype).removeprefix("torch.")
+        dtype = next((k for k, v in _TORCH_DTYPES.items() if v == name), name)
+        return _Device(x.data_ptr(), tuple(x.shape), dtype, x, "torch")
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        shape = tuple(cai["shape"])
+        dtype = np.dtype(cai["typestr"])
+        strides = cai.get("strides")
+        if strides is not None and tuple(strides) != _c_strides(shape, dtype.itemsize):
+            raise LaunchError(f"argument {spec.name!r} is not C-contiguous (strides {tuple(strides)})")
+        return _Device(int(cai["data"][0]), shape, _numpy_name(dtype), x, "cai")
+    raise LaunchError(f"argument {spec.name!r} must be a NumPy array, a CUDA PyTorch tensor or an array with "
+                      f"__cuda_array_interface__; got {type(x).__name__}")
+
+
+def _numpy_name(dtype: np.dtype) -> str:
+    from polyfuse.ir import dtypes as dt
+
+    for d in (dt.f16, dt.bf16, dt.f32, dt.f64, dt.i32, dt.i64, dt.bool_, dt.fp8e4m3):
+        if np.dtype(d.numpy) == dtype:
+            return d.name
+    return str(dtype)
+
+
+def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    strides, acc = [], itemsize
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def _shape(spec: Arg, sizes: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(d if isinstance(d, int) else sizes[d] for d in spec.shape)
+
+
+def _check(d: _Device, spec: Arg, sizes: Mapping[str, int]) -> None:
+    if d.dtype != spec.dtype.name:
+        raise LaunchError(f"argument {spec.name!r} has dtype {d.dtype}; expected {spec.dtype}")
+    expected = _shape(spec, sizes)
+    if tuple(d.shape) != expected:
+        raise LaunchError(f"argument {spec.name!r} has shape {tuple(d.shape)}; expected {expected}")
+    if d.framework == "numpy" and not d.owner.flags.c_contiguous:
+        raise LaunchError(f"argument {spec.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")

@@ -1,0 +1,166 @@
+// polyfuse_gpu.h: helpers included by the CUDA and HIP kernels polyfuse generates.
+//
+// The same semantics as polyfuse_host.h: low-precision floats are stored as raw bits (uint16_t
+// for f16/bf16, uint8_t for fp8 e4m3fn), computed in float and rounded to nearest even exactly as
+// NumPy and ml_dtypes round, so a GPU kernel rounds where the tile interpreter rounds.  The
+// conversions are written with integer operations, identical on CUDA and HIP.
+//
+// On CUDA it adds the tensor-core path: ldmatrix fragment loads and mma.sync m16n8k16 with f16 or
+// bf16 operands and f32 accumulators (sm_80 and later, sm_90a included).
+#pragma once
+
+#if defined(__HIPCC__)
+#include <hip/hip_runtime.h>
+#define PF_WARP_SIZE 64
+#else
+#include <cuda_runtime.h>
+#define PF_WARP_SIZE 32
+#endif
+#include <cmath>
+#include <cstdint>
+
+#define PF_DEV __device__ __forceinline__
+
+namespace pf {
+
+PF_DEV uint32_t float_bits(float x) { return __float_as_uint(x); }
+PF_DEV float bits_float(uint32_t u) { return __uint_as_float(u); }
+
+// ---------------------------------------------------------------- f16 (IEEE binary16)
+PF_DEV float f16_to_float(uint16_t h) {
+    uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+    if (exp == 0x1f) return bits_float(sign | 0x7f800000u | (man << 13));
+    if (exp == 0) {
+        float v = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24, exact
+        return sign ? -v : v;
+    }
+    return bits_float(sign | ((exp + 112) << 23) | (man << 13));
+}
+
+PF_DEV uint16_t float_to_f16(float x) {
+    uint32_t u = float_bits(x);
+    uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);  // NaN / inf
+    if (a >= 0x477ff000u) return sign | 0x7c00u;                                 // rounds past 65504
+    if (a < 0x38800000u) {                                                        // subnormal or zero
+        float v = bits_float(a) * 16777216.0f;                                    // exact: scale by 2^24
+        return sign | static_cast<uint16_t>(rintf(v));
+    }
+    uint32_t m = a + 0xfffu + ((a >> 13) & 1u);                                   // round to nearest even
+    return sign | static_cast<uint16_t>((m - 0x38000000u) >> 13);
+}
+
+PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
+
+// ---------------------------------------------------------------- bf16
+PF_DEV float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
+
+PF_DEV uint16_t float_to_bf16(float x) {
+    uint32_t u = float_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+PF_DEV float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// ---------------------------------------------------------------- fp8 e4m3fn (no inf; NaN = 0x7f)
+PF_DEV float fp8_to_float(uint8_t b) {
+    uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;
+    float v;
+    if (exp == 0xf && man == 0x7) v = __uint_as_float(0x7fc00000u);
+    else if (exp == 0) v = ldexpf(static_cast<float>(man), -9);
+    else v = ldexpf(static_cast<float>(8 + man), static_cast<int>(exp) - 10);
+    return (b & 0x80u) ? -v : v;
+}
+
+PF_DEV uint8_t float_to_fp8(float x) {
+    uint8_t sign = signbit(x) ? 0x80u : 0u;
+    float a = fabsf(x);
+    if (isnan(a) || a > 464.0f) return sign | 0x7fu;
+    if (a < 0.015625f) return sign | static_cast<uint8_t>(rintf(a * 512.0f));
+    int e;
+    float m = frexpf(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    int q = static_cast<int>(rintf((m * 2.0f - 1.0f) * 8.0f));
+    e -= 1;
+    if (q == 8) { q = 0; e += 1; }
+    uint32_t bits = (static_cast<uint32_t>(e + 7) << 3) | static_cast<uint32_t>(q);
+    return sign | static_cast<uint8_t>(bits > 0x7eu ? 0x7fu : bits);
+}
+
+PF_DEV float round_fp8(float x) { return fp8_to_float(float_to_fp8(x)); }
+
+// ---------------------------------------------------------------- arithmetic with NumPy semantics
+template <class T> PF_DEV T max(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
+template <class T> PF_DEV T min(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
+
+template <class T> PF_DEV T floordiv(T a, T b) {
+    if (b == 0) return 0;
+    T q = a / b;
+    return ((a % b != 0) && ((a < 0) != (b < 0))) ? q - 1 : q;
+}
+template <class T> PF_DEV T mod(T a, T b) {
+    if (b == 0) return 0;
+    T r = a % b;
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+PF_DEV float floordiv(float a, float b) { return floorf(a / b); }
+PF_DEV double floordiv(double a, double b) { return floor(a / b); }
+PF_DEV float mod(float a, float b) {
+    float r = fmodf(a, b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+PF_DEV double mod(double a, double b) {
+    double r = fmod(a, b);
+    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
+}
+template <class T> PF_DEV T iabs(T a) { return a < 0 ? -a : a; }
+
+// ---------------------------------------------------------------- warp shuffles
+template <class T> PF_DEV T shfl_xor(T v, int lane_mask) {
+#if defined(__HIPCC__)
+    return __shfl_xor(v, lane_mask);
+#else
+    return __shfl_xor_sync(0xffffffffu, v, lane_mask);
+#endif
+}
+
+// ---------------------------------------------------------------- tensor cores (CUDA, sm_80+)
+#if !defined(__HIPCC__)
+PF_DEV uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+// Four 8x8 b16 matrices; lane l gives the address of one row of matrix l / 8.
+PF_DEV void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+PF_DEV void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_addr(p)));
+}
+PF_DEV void ldmatrix_x2(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+PF_DEV void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
+                 : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
+}
+
+// d += a * b for a 16x16 (row) by 16x8 (col) product, f32 accumulators.
+PF_DEV void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+PF_DEV void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+}  // namespace pf

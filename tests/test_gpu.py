@@ -1,0 +1,69 @@
+"""Fused catalog operators run on an NVIDIA GPU, through each CUDA loader, against NumPy.
+
+Marked ``gpu``: skipped where no CUDA GPU is visible (CI).  Each loader (pycuda, cuda-python)
+is a parameter and skips where it is not installed.  PyTorch tensors, where PyTorch is
+installed, are used in place (zero-copy) and the outputs come back as tensors.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from polyfuse import ops
+from polyfuse.errors import BackendUnavailable, LaunchError
+from polyfuse.ops.schedules import default_schedule, has_default_schedule
+from polyfuse.pipeline import build
+
+pytestmark = pytest.mark.gpu
+
+FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
+
+
+def _kernel(name: str, mode: str, loader: str | None = None, **sizes: int):
+    op = ops.get(name)
+    sizes = {**op.sizes(mode), **sizes}
+    try:
+        kernel = build(default_schedule(name, mode, op.program(mode, **sizes), target="cuda"), "cuda",
+                       sizes=sizes, loader=loader)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    return op, sizes, kernel
+
+
+@pytest.mark.parametrize(("name", "mode"), FUSED)
+def test_operator_matches_numpy(name, mode):
+    op, sizes, kernel = _kernel(name, mode)
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(0, mode, sizes, magnitude)
+        result = ops.compare(kernel.run(inputs), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+
+
+@pytest.mark.parametrize("loader", ["pycuda", "cuda-python"])
+@pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"), ("softmax", "default")])
+def test_each_loader(loader, name, mode):
+    op, sizes, kernel = _kernel(name, mode, loader=loader)
+    assert kernel.loader.name == loader
+    inputs = op.inputs(1, mode, sizes, 1.0)
+    result = ops.compare(kernel.run(inputs), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+    assert result.ok, result.line()
+
+
+def test_torch_tensors_are_used_in_place():
+    torch = pytest.importorskip("torch")
+    op, sizes, kernel = _kernel("softmax", "default")
+    inputs = op.inputs(0, "default", sizes, 1.0)
+    x = torch.from_numpy(inputs["inp"]).cuda()
+    y = torch.empty_like(x)
+    returned = kernel(x, y)
+    assert returned is y
+    torch.cuda.synchronize()
+    expected = op.reference(inputs, "default", sizes)["y"]
+    assert np.allclose(y.cpu().numpy(), expected, rtol=1e-5, atol=1e-30)
+    fresh = kernel(x)
+    assert isinstance(fresh, torch.Tensor) and fresh.device == x.device
+    with pytest.raises(LaunchError, match="'inp' is a PyTorch tensor on cpu"):
+        kernel(x.cpu())
+    with pytest.raises(LaunchError, match="'inp' is not contiguous"):
+        kernel(torch.cat([x, x], dim=1)[:, ::2])
