@@ -37,8 +37,9 @@ from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
-from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, depends_on, per_element_loads
-from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of
+from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
+from polyfuse.tiling.simplify import simplify_tiles
+from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, depends_on
 
 DEFAULT_WARPS = 4
 MAP_THREADS = 256
@@ -56,7 +57,7 @@ class CudaEmitter(CFamilyEmitter):
     tensor_cores = True
 
     def __init__(self, program: TileProgram, target: Target):
-        partitioned, self.nests = partition(program)
+        partitioned, self.nests = partition(simplify_tiles(program))
         super().__init__(partitioned)
         self.target = target
         self.warp = target.warp_size

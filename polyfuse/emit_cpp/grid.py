@@ -20,15 +20,12 @@ and chain iterations touch disjoint memory, so it preserves the program's meanin
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from polyfuse.emit_cpp.parallel import ALLOC, allocated_at, parallel_depth, perfect_chain
 from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import TEMP, Loop, Seq, Stmt, Tensor
-from polyfuse.tiling.htile import (
-    Broadcast, Dot, Permute, Reduce, Squeeze, TileLoad, TileProgram, TileStore, walk_tile_expr, walk_tile_stmts,
-)
+from polyfuse.tiling.htile import TileLoad, TileProgram, TileStore, map_tile_expr, walk_tile_expr, walk_tile_stmts
 
 CTA = "cta"
 MAP = "map"
@@ -161,25 +158,3 @@ def _reindex(n: Expr, grown: dict[str, Tensor], prefix: tuple[Expr, ...]) -> Exp
         mask = None if n.mask is None else map_tile_expr(n.mask, lambda m: _reindex(m, grown, prefix))
         return dataclasses.replace(n, tensor=grown[n.tensor.name], index=(*prefix, *n.index), mask=mask)
     return None
-
-
-def map_tile_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
-    """``e`` with every node for which ``fn`` returns an expression replaced (pre-order), rebuilt bottom-up."""
-    got = fn(e)
-    if got is not None:
-        return got
-    if isinstance(e, TileLoad):
-        mask = None if e.mask is None else map_tile_expr(e.mask, fn)
-        return e if mask is e.mask else dataclasses.replace(e, mask=mask)
-    if isinstance(e, (Broadcast, Permute, Squeeze, Reduce)):
-        tile = map_tile_expr(e.tile, fn)
-        return e if tile is e.tile else dataclasses.replace(e, tile=tile)
-    if isinstance(e, Dot):
-        a, b, acc = (map_tile_expr(x, fn) for x in (e.a, e.b, e.acc))
-        return dataclasses.replace(e, a=a, b=b, acc=acc)
-    from polyfuse.ir.visit import children, with_children
-
-    kids = children(e)
-    if not kids:
-        return e
-    return with_children(e, tuple(map_tile_expr(c, fn) for c in kids))

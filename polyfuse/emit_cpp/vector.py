@@ -20,25 +20,10 @@ from __future__ import annotations
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import linear_form
 from polyfuse.ir.expr import Const, Expr
-from polyfuse.tiling.htile import Broadcast, Dot, Iota, Reduce, Slice, TileLoad, tile_children
+from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, tile_children
 
 VECTOR_BYTES = 16
 CHUNK_TYPES = {16: "uint4", 8: "uint2", 4: "uint32_t"}
-
-
-def depends_on(e: Expr, axis: str) -> bool:
-    """Whether the value of ``e`` varies along tile axis ``axis``."""
-    if isinstance(e, Iota):
-        return e.axis == axis
-    if isinstance(e, TileLoad):
-        if any(isinstance(i, Slice) and i.axis == axis for i in e.index):
-            return True
-        return e.mask is not None and depends_on(e.mask, axis)
-    if isinstance(e, Broadcast):
-        return depends_on(e.tile, axis)
-    if isinstance(e, Reduce) and e.axis == axis:
-        return False
-    return any(depends_on(c, axis) for c in tile_children(e))
 
 
 def per_element_loads(e: Expr, done: dict) -> list[TileLoad]:

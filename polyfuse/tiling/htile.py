@@ -15,6 +15,8 @@ grid- or thread-bound loops, rolling (annotated) loops and sequences.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from polyfuse.errors import InternalError
@@ -22,6 +24,7 @@ from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt, Tensor
+from polyfuse.ir.visit import children, with_children
 
 REDUCE_OPS = ("sum", "prod", "max", "min", "or")
 
@@ -252,3 +255,38 @@ def walk_tile_stmts(s: Stmt):
     elif isinstance(s, Seq):
         for c in s.stmts:
             yield from walk_tile_stmts(c)
+
+
+def depends_on(e: Expr, axis: str) -> bool:
+    """Whether the value of ``e`` varies along tile axis ``axis``."""
+    if isinstance(e, Iota):
+        return e.axis == axis
+    if isinstance(e, TileLoad):
+        if any(isinstance(i, Slice) and i.axis == axis for i in e.index):
+            return True
+        return e.mask is not None and depends_on(e.mask, axis)
+    if isinstance(e, Broadcast):
+        return depends_on(e.tile, axis)
+    if isinstance(e, Reduce) and e.axis == axis:
+        return False
+    return any(depends_on(c, axis) for c in tile_children(e))
+
+
+def map_tile_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """``e`` with every node for which ``fn`` returns an expression replaced (pre-order), rebuilt bottom-up."""
+    got = fn(e)
+    if got is not None:
+        return got
+    if isinstance(e, TileLoad):
+        mask = None if e.mask is None else map_tile_expr(e.mask, fn)
+        return e if mask is e.mask else dataclasses.replace(e, mask=mask)
+    if isinstance(e, (Broadcast, Permute, Squeeze, Reduce)):
+        tile = map_tile_expr(e.tile, fn)
+        return e if tile is e.tile else dataclasses.replace(e, tile=tile)
+    if isinstance(e, Dot):
+        a, b, acc = (map_tile_expr(x, fn) for x in (e.a, e.b, e.acc))
+        return dataclasses.replace(e, a=a, b=b, acc=acc)
+    kids = children(e)
+    if not kids:
+        return e
+    return with_children(e, tuple(map_tile_expr(c, fn) for c in kids))
