@@ -41,7 +41,8 @@ def test_operator_matches_numpy(name, mode):
 
 
 @pytest.mark.parametrize("loader", ["pycuda", "cuda-python"])
-@pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"), ("softmax", "default")])
+@pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"),
+                                           ("softmax", "default")])
 def test_each_loader(loader, name, mode):
     op, sizes, kernel = _kernel(name, mode, loader=loader)
     assert kernel.loader.name == loader

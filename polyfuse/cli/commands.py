@@ -92,7 +92,31 @@ def check(args: argparse.Namespace) -> int:
 
 
 def dump(args: argparse.Namespace) -> int:
-    raise NotAvailable("dump is not available yet in this version")
+    """The stages of a user's program: FILE.py[:FUNC] (default ``main``) returns a Program or Schedule."""
+    import importlib.util
+    from pathlib import Path
+
+    from polyfuse.errors import PolyfuseError
+    from polyfuse.pipeline import stages
+
+    path, _, func = args.source.partition(":")
+    file = Path(path)
+    if not file.is_file():
+        raise PolyfuseError(f"dump: no file {path!r}")
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    maker = getattr(module, func or "main", None)
+    if maker is None:
+        raise PolyfuseError(f"dump: {path} defines no function {func or 'main'!r}")
+    built = stages(maker(), args.target)
+    if args.stage in (None, "plain", "fused"):
+        print(f"# program\n{built.dump('program')}")
+    if args.stage in (None, "tile"):
+        print(f"# tile program\n{built.dump('tile')}")
+    if args.stage not in ("plain", "fused", "tile"):
+        print(built.dump("source"), end="")
+    return EXIT_OK
 
 
 def bench(args: argparse.Namespace) -> int:
