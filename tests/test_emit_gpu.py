@@ -119,7 +119,7 @@ def test_decode_splits_into_partial_and_combine_kernels():
 def test_prefill_is_one_kernel_per_query_tile():
     source = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA)
     (launch,) = source.launches
-    assert launch.threads == 128 and 0 < launch.shared <= 227 * 1024
+    assert launch.threads == 256 and 0 < launch.shared <= 227 * 1024
     assert "for (int j_0 = 0; j_0 < (4); ++j_0)" in source.text  # the rolling loop over key tiles
 
 
@@ -220,3 +220,11 @@ def test_launch_errors_name_the_argument(decode_kernel):
         kernel(np.asfortranarray(np.repeat(q, 2, axis=3)[..., ::2]), k, v)
     with pytest.raises(LaunchError, match="must be a NumPy array, a CUDA PyTorch tensor"):
         kernel([1, 2], k, v)
+
+
+def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
+    # Rolling variance over row tiles leaves the auxiliary partial sums in one inner loop; fission
+    # turns each into a tile reduction instead of a scalar loop run by one thread.
+    program = _tiles("variance", "default", L=4096)
+    assert "for j_1 in range" not in str(program)
+    assert str(program).count("reduce_sum(") >= 3

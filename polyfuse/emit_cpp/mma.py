@@ -109,12 +109,12 @@ def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
     em.shared_array(ct, sb, kk * nn * size)
     for arr, x, rows, cols in ((sa, e.a, m_axes, (k,)), (sb, e.b, (k,), n_axes)):
         total = math.prod(em.sizes[a] for a in rows + cols)
-        em.open(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
+        em.element_loop(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
         env = em.decode(rows + cols, "pf_e")
         em.line(f"{arr}[pf_e] = {em.convert(em.scalar(x, env), x.dtype, e.dtype)};")
         em.close()
     em.barrier()
-    em.open(f"for (int pf_e = pf_tid; pf_e < {mm * nn}; pf_e += {em.threads})")
+    em.element_loop(f"for (int pf_e = pf_tid; pf_e < {mm * nn}; pf_e += {em.threads})")
     em.line(f"const int pf_m = pf_e / {nn}, pf_n = pf_e % {nn};")
     em.line(f"{ct} pf_s = 0;")
     em.line(f"for (int pf_k = 0; pf_k < {kk}; ++pf_k) pf_s += {sa}[pf_m * {kk} + pf_k] * {sb}[pf_k * {nn} + pf_n];")
@@ -127,7 +127,7 @@ def _batched_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> N
     """A dot with batch axes: each output element sums its k-slice directly."""
     ct = em.ctype(e.dtype)
     total = math.prod(em.sizes[a] for a in axes)
-    em.open(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
+    em.element_loop(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
     env = em.decode(axes, "pf_e")
     k = axis_var(e.axis)
     em.line(f"{ct} pf_s = 0;")
@@ -168,7 +168,7 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
             (sa, e.a, mp, mm, m_axes, a_km, a_stride, split_a, a_size),
             (sb, e.b, np_, nn, n_axes, b_kn, b_stride, split_b, b_size)):
         outer, inner = (kp, rows_pad) if trans else (rows_pad, kp)
-        em.open(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
+        em.element_loop(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
         if trans:
             em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
         else:

@@ -27,7 +27,7 @@ from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, 
 from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import BOUND, BUILTIN_REDUCERS, Block, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, substitute
-from polyfuse.tiling.htile import Dot, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes
+from polyfuse.tiling.htile import Broadcast, Dot, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes
 from polyfuse.tiling.reconcile import permute, reconcile_dim_order, union_order, unify
 from polyfuse.ir.affine import fold_div_mod
 from polyfuse.tiling.relax import bounds, relax_access
@@ -65,6 +65,9 @@ def _chain(s: Stmt) -> tuple[list[Loop], Block] | None:
 
 
 def _stmt(s: Stmt, ranges: dict[str, int]) -> Stmt:
+    split = _fission(s)
+    if split is not None:
+        return _stmt(split, ranges)
     found = _chain(s)
     if found is not None:
         loops, block = found
@@ -80,6 +83,47 @@ def _stmt(s: Stmt, ranges: dict[str, int]) -> Stmt:
             inner.pop(s.var.name, None)
         return s.replace(body=_stmt(s.body, inner))
     raise UntileableNest(f"cannot translate statement {type(s).__name__}")
+
+
+def _fission(s: Stmt) -> Stmt | None:
+    """``for v: {S1; S2; …}`` as ``{for v: S1; for v: S2; …}`` when that lets each ``Si`` become tiles.
+
+    Legal when no statement of the body touches a tensor another one writes: the statements
+    then commute across iterations.  Only done for an innermost loop (every part is a block), so
+    that the loop becomes a tile axis of each block and no outer loop changes role.
+    """
+    if not (isinstance(s, Loop) and _tileable(s) and isinstance(s.body, Seq) and len(s.body.stmts) > 1):
+        return None
+    parts = s.body.stmts
+    if not all(isinstance(p, Block) for p in parts):
+        return None
+    touched = [_tensors(p) for p in parts]
+    for k, (_, writes) in enumerate(touched):
+        for j, (reads, others) in enumerate(touched):
+            if j != k and writes & (reads | others):
+                return None
+    return Seq(tuple(s.replace(body=p) for p in parts))
+
+
+def _tensors(s: Stmt) -> tuple[set[str], set[str]]:
+    """(read, written) tensor names of the blocks in ``s``."""
+    from polyfuse.ir.visit import loads
+
+    reads: set[str] = set()
+    writes: set[str] = set()
+    stack = [s]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, Seq):
+            stack.extend(x.stmts)
+        elif isinstance(x, Loop):
+            stack.append(x.body)
+        elif isinstance(x, Block):
+            writes.add(x.store.tensor.name)
+            exprs = [x.store.value, *x.store.indices, *x.bindings]
+            exprs += [e for e in (x.where, x.init) if e is not None]
+            reads |= {ld.tensor.name for e in exprs for ld in loads(e)}
+    return reads, writes
 
 
 def _and(parts: list[Expr]) -> Expr | None:
@@ -293,6 +337,8 @@ class _Nest:
                      "reduction term")
         g = self.fit(g, tuple(a for a in self.order if a in axes_of(g)), "reduction term")
         for a in reduce_axes:
+            if a not in axes_of(g):  # a term constant along the axis is still summed over its extent
+                g = Broadcast(g, (*((x, self.sizes[x]) for x in axes_of(g)), (a, self.sizes[a])))
             g = Reduce(red.name, g, a)
         x, y = self.unify([acc, g])
         return BinOp(_COMBINE_OP[red.name], x, y), mask
