@@ -228,3 +228,8 @@ def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
     program = _tiles("variance", "default", L=4096)
     assert "for j_1 in range" not in str(program)
     assert str(program).count("reduce_sum(") >= 3
+
+
+def test_exact_16_bit_operands_are_staged_by_128_bit_copies():
+    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
+    assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3  # q, k and v; P is split hi+lo instead

@@ -28,15 +28,18 @@ import math
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import axis_var
+from polyfuse.emit_cpp.vector import aligned
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import Cast, Const, Expr, Select
-from polyfuse.tiling.htile import Broadcast, Dot, Permute, Slice, TileLoad, axes_of, walk_tile_expr
+from polyfuse.tiling.htile import Broadcast, Dot, Permute, Slice, TileLoad, axes_of, depends_on, walk_tile_expr
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
 
 LOW = {"f16": "f16", "bf16": "bf16"}
+VEC16 = 8
+"""16-bit values per 128-bit copy."""
 
 
 def exact_low(x: Expr) -> DType | None:
@@ -168,6 +171,8 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
             (sa, e.a, mp, mm, m_axes, a_km, a_stride, split_a, a_size),
             (sb, e.b, np_, nn, n_axes, b_kn, b_stride, split_b, b_size)):
         outer, inner = (kp, rows_pad) if trans else (rows_pad, kp)
+        if not split and _stage_raw(em, x, low, arr, k, kk, rows, rows_axes, trans, stride, outer, inner):
+            continue
         em.element_loop(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
         if trans:
             em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
@@ -240,6 +245,64 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
     em.close()
     em.close()
     em.close()
+
+
+def raw_operand(x: Expr, low: DType) -> tuple[TileLoad, list[Expr]] | None:
+    """The load whose 16-bit values ``x`` is, and the conditions under which it is not zero, if so."""
+    conditions: list[Expr] = []
+    while True:
+        if isinstance(x, Permute):
+            x = x.tile
+        elif isinstance(x, Cast) and x.value.dtype in (low, dt.f32):
+            x = x.value
+        elif isinstance(x, Broadcast) and axes_of(x.tile) == tuple(a for a, _ in x.axes):
+            x = x.tile
+        elif isinstance(x, Select) and isinstance(x.false_value, Const) and x.false_value.value == 0:
+            conditions.append(x.cond)
+            x = x.true_value
+        else:
+            break
+    if not isinstance(x, TileLoad) or x.tensor.dtype != low:
+        return None
+    if x.mask is not None:
+        if x.other is not None and x.other.value != 0:
+            return None
+        conditions.append(x.mask)
+    return x, conditions
+
+
+def _stage_raw(em: CudaEmitter, x: Expr, low: DType, arr: str, k: str, kk: int, rows: int,
+               rows_axes: tuple[str, ...], trans: bool, stride: int, outer: int, inner: int) -> bool:
+    """Stage ``x`` by copying its 16-bit values eight at a time (one 128-bit load and store), if it can."""
+    found = raw_operand(x, low)
+    if found is None or (trans and len(rows_axes) != 1):
+        return False
+    load, conditions = found
+    fast = rows_axes[0] if trans else k
+    extent = rows if trans else kk
+    if extent % VEC16 or inner % VEC16 or not aligned(load.index, load.tensor.shape, fast, VEC16):
+        return False
+    if any(depends_on(c, fast) for c in conditions):
+        return False
+    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {outer * inner // VEC16}; pf_g += {em.threads})")
+    em.line(f"const int pf_e = pf_g * {VEC16};")
+    if trans:
+        em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
+    else:
+        em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
+    em.line("uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);")
+    em.open(f"if (pf_r < {rows} && pf_k < {kk})")
+    env = {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
+    source = f"pf_q = *reinterpret_cast<const uint4*>(&{em.access(load.tensor, load.index, env)});"
+    if conditions:
+        test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
+        em.line(f"if ({test}) {source}")
+    else:
+        em.line(source)
+    em.close()
+    em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {inner} * {stride} + pf_e % {inner}]) = pf_q;")
+    em.close()
+    return True
 
 
 def _up(n: int, to: int) -> int:
