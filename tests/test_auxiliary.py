@@ -14,8 +14,8 @@ import sympy
 
 from polyfuse import ops, tiling
 from polyfuse.pipeline import build
-from polyfuse.errors import NoRepairFound
-from polyfuse.ir import ProgramBuilder, exp, interpret, maximum, reduce
+from polyfuse.errors import IllegalTransform, NoRepairFound
+from polyfuse.ir import ProgramBuilder, Var, const, exp, interpret, maximum, reduce, spatial
 from polyfuse.ir.visit import loads
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.tiling import to_tiles
@@ -254,3 +254,139 @@ def test_polynomial_in_a_max_keeps_the_empty_state_while_the_max_is_minus_inf(fu
     inputs = {"x": np.random.default_rng(0).uniform(-2.0, 2.0, (4, 8)).astype(np.float32)}
     got, ref = interpret(sch.program, inputs)["s"], interpret(program, inputs)["s"]
     assert np.all(np.isfinite(got)) and np.allclose(got, ref, rtol=1e-5)
+
+
+# ------------------------------------------------------------------ rolling update over tiles
+
+ROLLING_TILE_CASES = [(name, tile) for name in ("variance", "layernorm_stats") for tile in (16, 8)]
+"""40 elements: tiles of 16 + 16 + 8 (the last partial), and 5 tiles of 8."""
+BACKENDS = ["loop", "tiles", "cpp"]
+
+
+@functools.cache
+def _rolled_over_tiles(name: str, tile: int) -> Schedule:
+    sch = Schedule(ops.get(name).program("default"))
+    j0, _ = sch.split(sch.loop("s_mean", "j"), [None, tile])
+    sch.rolling_update("s_var", j0)
+    sch.compact_buffers()
+    return sch
+
+
+@functools.cache
+def _runner(name: str, tile: int, backend: str):
+    program = _rolled_over_tiles(name, tile).program
+    if backend == "loop":
+        return functools.partial(interpret, program)
+    if backend == "tiles":
+        return functools.partial(tiling.interpret, to_tiles(program))
+    return build(program, "cpp", werror=True).run
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name, tile", ROLLING_TILE_CASES)
+def test_rolling_over_tiles_matches_numpy(name, tile, backend):
+    """The state repair runs once per tile; a partial last tile must not change the result, at the
+    catalog magnitudes (catalog tolerance) and at a large common offset (the unfused program's accuracy)."""
+    if backend == "cpp" and shutil.which("g++") is None:
+        pytest.skip("needs g++ on PATH")
+    op = ops.get(name)
+    sizes = op.sizes("default")
+    run = _runner(name, tile, backend)
+    for seed in (0, 1):
+        for magnitude in (*op.magnitudes, OFFSET):
+            inputs = op.inputs(seed, "default", None, magnitude)
+            ref = op.reference(inputs, "default", sizes)
+            got = run(inputs)
+            if magnitude == OFFSET:
+                unfused_err = _relative_error(interpret(op.program("default"), inputs)["var"], ref["var"])
+                fused_err = _relative_error(got["var"], ref["var"])
+                assert fused_err <= 10 * unfused_err, \
+                    f"{name} tile={tile} {backend} seed={seed}: fused {fused_err:.3g}, unfused {unfused_err:.3g}"
+            else:
+                result = ops.compare(got, ref, op.tolerance("default", sizes))
+                assert result.ok, f"{name} tile={tile} {backend} seed={seed} magnitude={magnitude}: {result.line()}"
+
+
+@pytest.mark.parametrize("name, tile", ROLLING_TILE_CASES)
+def test_rolling_over_tiles_combines_the_state_in_order(name, tile):
+    """X's combine reads A_1 and A_2 before their update, A_1's reads A_2 before its update: the
+    combines run X, A_1, A_2 in the rolling loop."""
+    program = _rolled_over_tiles(name, tile).program
+    order = [b.name for b in program.blocks()]
+    assert order.index("s_var") < order.index("s_var_aux1") < order.index("s_var_aux2")
+    assert order.index("s_var_aux2_rf") < order.index("s_var")
+
+
+@pytest.mark.parametrize("name, tile", ROLLING_TILE_CASES)
+def test_rolling_over_tiles_references_count_the_elements_seen(name, tile):
+    """The reference point is mean·N/n with n the elements reduced so far: min(16·(k + 1), 40) when the
+    last of the tiles of 16 is partial, 8·(k + 1) for tiles of 8 (never the tile count (k + 1)/E, which
+    for ragged tiles overshoots the mean by up to 20% and loses everything at a large offset)."""
+    fusion = _rolled_over_tiles(name, tile).fusions[0]
+    (note,) = fusion.notes
+    count = f"minimum((k + 1) * {tile}, 40)" if 40 % tile else f"(k + 1) * {tile}"
+    assert f"{count} of 40 elements reduced by iteration k of loop 'j_0'" in note
+
+
+def test_rolling_over_tiles_trace_replays_to_the_same_program():
+    sch = _rolled_over_tiles("variance", 16)
+    again = Schedule(ops.get("variance").program("default")).replay(sch.trace.to_json())
+    assert again.program == sch.program
+
+
+def test_rolling_over_a_tile_of_fused_loops_counts_its_elements():
+    """A tile enumerated by a fused pair of loops (``j_1 = 4·(f // 4) + f % 4``) still reduces the
+    interval [16·k, 16·(k + 1)): ISL sees it, and the reference keeps the accuracy at the offset."""
+    op = ops.get("variance")
+    sch = Schedule(op.program("default"))
+    j0, j1 = sch.split(sch.loop("s_mean", "j"), [None, 16])
+    sch.fuse(sch.split(j1, [4, 4]))
+    sch.rolling_update("s_var", j0)
+    assert "minimum((k + 1) * 16, 40) of 40 elements" in sch.fusions[0].notes[0]
+    inputs = op.inputs(0, "default", None, OFFSET)
+    ref = op.reference(inputs, "default", op.sizes("default"))["var"]
+    unfused_err = _relative_error(interpret(op.program("default"), inputs)["var"], ref)
+    assert _relative_error(interpret(sch.program, inputs)["var"], ref) <= 10 * unfused_err
+
+
+def test_a_binding_that_is_not_a_tiling_counts_iterations():
+    """j = 20·u + k: iteration k reduces {k, k + 20}, not an interval; the count falls back to k + 1 of
+    the loop's 20 iterations (exact: it ends at 1), and says why."""
+    from polyfuse.transforms.rolling_update import _elements_seen
+
+    p = ProgramBuilder("strided")
+    x = p.input("x", (4, 40), "f32")
+    m = p.output("m", (4,), "f32")
+    with p.loop("b", 4) as b, p.loop("k", 20) as k, p.loop("u", 2) as u:
+        with p.block("s_m", b=spatial(4, b), j=reduce(40, u * 20 + k)) as (bb, j):
+            m[bb] = m[bb] + x[bb, j]
+    count = _elements_seen(p.build(), "s_m", "k")
+    assert "does not reduce j in [1·k, 1·(k + 1))" in count.describe("k")
+    seen, total = count.fraction(Var("k") + 1)
+    assert (seen, total) == (Var("k") + 1, const(20))
+
+
+def test_rolling_the_inertia_after_its_centre_over_tiles_is_refused_with_the_reason():
+    """Rolled over tiles, the centre becomes a combine of one partial per tile: the inertia, which reads
+    the centre per element, has no reduction to align with; the refusal says so and what works."""
+    sch = Schedule(ops.get("inertia").program("default"))
+    n0, _ = sch.split(sch.loop("s_mass", "n"), [None, 16])
+    sch.rolling_update("s_center", n0)
+    with pytest.raises(IllegalTransform, match=r"(?s)block 's_inertia' under loop 'n_0'.*'s_center' was rolled over "
+                                               r"the tiles of loop 'n_0'.*s_center_rf.*split_k_update"):
+        sch.rolling_update("s_inertia", n0)
+
+
+@pytest.mark.parametrize("name", ["variance", "layernorm_stats", "inertia"])
+def test_gpu_rolling_plan_matches_numpy_on_the_interpreter(name):
+    """The GPU plan rolls over row tiles (100 elements: three tiles of 32 and one of 4; inertia, whose
+    centre cannot roll over tiles, keeps the untiled loop); interpreted, its program matches NumPy
+    (variance was 27% off while the tile combines updated A_2 before X and A_1 read it)."""
+    op = ops.get(name)
+    sizes = {**op.sizes("default"), {"variance": "L", "layernorm_stats": "M", "inertia": "N"}[name]: 100}
+    program = default_schedule(name, "default", op.program("default", **sizes), "cuda").program
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(0, "default", sizes, magnitude)
+        result = ops.compare(interpret(program, inputs), op.reference(inputs, "default", sizes),
+                             op.tolerance("default", sizes))
+        assert result.ok, f"{name} magnitude={magnitude}: {result.line()}"

@@ -19,6 +19,14 @@ reductions and repairing C with the solver's ``h``:
      ``X_prev = X`` (the identity in the first iteration) before P's update;
   7. C's update becomes ``X = G(h(X, r_prev, r)) ⊕ rest``.
 
+A *state repair* (no single h; :mod:`~polyfuse.transforms.auxiliary`) adds the
+auxiliary reductions ``A_1 … A_m`` right after C.  Privatized in step 5, their
+combines run in the order X, A_1, …, A_m: each repair reads the higher auxiliaries
+as they were before this iteration.  A plain-sum producer's partial ``Σ x/N`` is far
+from the data, so the terms and the repair read a reference point ``r·N/n`` instead,
+n the count of elements reduced so far: ``min(T·(k + 1), N)`` for tiles of T (the last
+may be partial).  After the last iteration it is exactly r, which keeps the repair exact.
+
 Guards, each exact: ``G`` keeps ``X`` when it is still the reducer's identity
 (distributivity makes h(identity) the identity) or when no producer changed
 (``h(t, r, r) = t``); a term computed while a max/min producer is still at its
@@ -42,22 +50,27 @@ Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
-from polyfuse.errors import IllegalTransform
+import islpy as isl
+
+from polyfuse.errors import IllegalTransform, InternalError, NonAffineIndex
 from polyfuse.deps.domains import param_names, prune_where
-from polyfuse.ir.expr import Expr, Load, Var, conjuncts, eq, logical_and, maximum, select
+from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
+from polyfuse.ir.affine import linear_form, variables
+from polyfuse.ir.expr import Const, Expr, Load, Var, conjuncts, const, eq, logical_and, maximum, minimum, select
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import free_vars
+from polyfuse.ir.visit import free_vars, seq
 from polyfuse.transforms.auxiliary import add_auxiliary_blocks, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
 from polyfuse.transforms.dataflow import (
-    child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
+    body_children, child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
     spatial_loops_between, under,
 )
 from polyfuse.transforms.fusion_common import Fusion, guard_term, repaired_update, replace_block, solve_for
 from polyfuse.transforms.repair import Repair
-from polyfuse.transforms.tree import find_loop, replace_node
+from polyfuse.transforms.tree import find_loop, loops_of, replace_node
 
 
 def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
@@ -85,8 +98,11 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
 
     # Step 3. Naive fusion of the consumer: only temporal producer -> consumer edges may break.
     if producers:
-        program, broken = naive_fuse_aligned(program, block=block, producers=producers, loop_block=loop_block,
-                                             loop=loop, what=what)
+        try:
+            program, broken = naive_fuse_aligned(program, block=block, producers=producers, loop_block=loop_block,
+                                                 loop=loop, what=what)
+        except IllegalTransform as err:
+            raise IllegalTransform(f"{err}{_privatized_hint(program, block, producers, loop)}") from None
     else:
         program, broken = naive_reverse_compute_at(program, block=block, loop_block=loop_block, loop=loop)
     stray = [d for d in broken if d.sink != block or d.source not in producers]
@@ -115,6 +131,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             program, locals_[name] = rfactor(program, block=name, loop=loop)
             program = reverse_compute_at(program, block=name, loop_block=locals_[name], loop=loop)
             created.append(locals_[name])
+        program = _in_state_order(program, [name for name, _ in states], loop)
 
     # Steps 6-7. Previous producer values, and the repaired updates (X first, then A_1, …: each reads
     # the higher auxiliaries before their update).
@@ -127,26 +144,28 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             prev[ld] = Load(prev_tensor, ld.indices)
         guards = [(ld, program.block(tensors[ld.tensor.name])) for ld in r_loads]
         accumulators = [program.block(name).store.tensor for name, _ in states[1:]]
-        extent = find_loop(program, loop_block, loop).extent
         estimated = [ld for ld in r_loads if accumulators and plain_sum(program, tensors[ld.tensor.name])]
+        seen = {ld: _elements_seen(program, tensors[ld.tensor.name], loop) for ld in estimated}
         for name, h in states:
             program = guard_term(program, locals_[name], guards)
             old: dict[Load, Expr] = dict(prev)
             new: dict[Load, Expr] = {ld: ld for ld in r_loads}
             if estimated:
-                # A state repair is exact for any reference point; a running estimate keeps it accurate.
+                # A state repair is exact for any reference point that ends at r itself (everything seen:
+                # the fraction is exactly 1); a running estimate from the true count keeps it accurate.
                 k_local = _rolled_index(program.block(locals_[name]), loop)
                 program = replace_block(program, with_references(
-                    program.block(locals_[name]), {ld: estimate(ld, (k_local + 1, extent)) for ld in estimated}))
+                    program.block(locals_[name]), {ld: estimate(ld, seen[ld].fraction(k_local + 1))
+                                                   for ld in estimated}))
                 k = _rolled_index(program.block(name), loop)
-                old |= {ld: estimate(prev[ld], (maximum(k, 1), extent)) for ld in estimated}
-                new |= {ld: estimate(ld, (k + 1, extent)) for ld in estimated}
+                old |= {ld: estimate(prev[ld], seen[ld].fraction(maximum(k, 1))) for ld in estimated}
+                new |= {ld: estimate(ld, seen[ld].fraction(k + 1)) for ld in estimated}
             if h is None or h.is_identity:
                 continue
             state = _state_before(program.block(name), accumulators)
             program = _apply_repair(program, name, h, old, new, dict(guards), state)
-    notes = tuple(f"reference point of the state: {ld}·E/(k + 1) (k = iteration of loop {loop!r}, E its extent), "
-                  f"a running estimate of the plain sum {ld}; the state repair is exact for any reference, and "
+    notes = tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
+                  f"plain sum {ld}; the state repair is exact for any reference that ends at {ld} itself, and "
                   "this one stays near the data (the partial sum does not), so the terms do not cancel"
                   for ld in (estimated if needs_repair else ()))
     fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
@@ -154,11 +173,21 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     return validate(program), fusion
 
 
+def _privatized_hint(program: Program, block: str, producers: list[str], loop: str) -> str:
+    """Why a producer rolled over a tiled loop by an earlier call has no reduction to align with."""
+    names = {b.name for b in program.blocks()}
+    rolled = [p for p in producers if f"{p}_rf" in names and loop in {lp.var.name for lp in loops_of(program, p)}]
+    if not rolled:
+        return ""
+    p = rolled[0]
+    return (f"\n{p!r} was rolled over the tiles of loop {loop!r} by an earlier rolling_update: {p}_rf reduces each "
+            f"tile and {p!r} now combines one partial per tile, so its repaired value exists per tile, not per "
+            f"element; roll {block!r} over an untiled loop, or fuse the chain with split_k_update")
+
+
 def _require_outermost(program: Program, producer: str, loop: str, what: str) -> None:
     """The rolling loop must be the outermost loop binding the producer's reduction (its first
     iteration is then the producer's first update, which ``P_save`` relies on)."""
-    from polyfuse.transforms.tree import loops_of
-
     names = [lp.var.name for lp in loops_of(program, producer)]
     outer = set(names[:names.index(loop)])
     b = program.block(producer)
@@ -210,6 +239,119 @@ def _fresh_iter(block: Block, base: str) -> str:
         k += 1
         out = f"{base}{k}"
     return out
+
+
+def _in_state_order(program: Program, combines: list[str], loop: str) -> Program:
+    """The combines of X, A_1, … in that order in the rolling loop's body.
+
+    Each repair reads the higher auxiliaries as they were before this iteration's update,
+    so X's combine must run first and A_m's last; ``reverse_compute_at`` puts each new
+    combine right after the local nest, i.e. before the ones placed earlier.
+    """
+    lp = find_loop(program, combines[0], loop)
+    kids = body_children(lp)
+    slots = [child_containing(lp, name) for name in combines]
+    first = min(slots)
+    if sorted(slots) != list(range(first, first + len(slots))):
+        raise InternalError(f"rolling_update: the combines {', '.join(combines)} are not adjacent statements of "
+                            f"loop {loop!r} (at {slots}); their order cannot be fixed without moving others")
+    kids[first:first + len(slots)] = [kids[k] for k in slots]
+    return program.replace(body=replace_node(program.body, lp, lp.replace(body=seq(*kids))))
+
+
+@dataclass(frozen=True)
+class _Count:
+    """How many elements of a plain-sum producer the first n iterations of the rolling loop reduce,
+    as a fraction ``(seen, total)`` of what all of them reduce.
+
+    A tiling of its reduce iteration (extent N, tile T, E tiles) sees ``min(T·n, N)`` of
+    ``min(T·E, N)``: a partial last tile holds fewer.  The fraction is exactly 1 after the
+    last iteration whatever the binding, so the reference point ``r/fraction`` ends at r
+    itself and the state repair stays exact; the true count keeps the reference near the
+    data.  ``why`` says why a binding that is no such tiling counts iterations (n of E).
+    """
+
+    step: int
+    extent: Expr
+    total: Expr
+    why: str = ""
+
+    def fraction(self, iterations: Expr) -> tuple[Expr, Expr]:
+        """(seen, total) after ``iterations`` iterations of the rolling loop."""
+        return self._clip(iterations if self.step == 1 else iterations * self.step), self._clip(self._all())
+
+    def describe(self, loop: str) -> str:
+        seen, total = self.fraction(Var("k") + 1)
+        how = f"{seen} of {total} elements reduced by iteration k of loop {loop!r}"
+        return f"{total}/({seen}) ({how}; {self.why}, so iterations are counted)" if self.why else \
+            f"{total}/({seen}) ({how})"
+
+    def _all(self) -> Expr:
+        """``T·E``: the elements E iterations would see without the bound N."""
+        if isinstance(self.extent, Const):
+            return const(self.step * int(self.extent.value), self.extent.dtype)
+        return self.extent if self.step == 1 else self.extent * self.step
+
+    def _clip(self, seen: Expr) -> Expr:
+        """``min(seen, N)``, where the last tile can be partial."""
+        if self.total == self._all():
+            return seen
+        if isinstance(seen, Const) and isinstance(self.total, Const):
+            return const(min(seen.value, self.total.value), seen.dtype)
+        if isinstance(self.extent, Const) and isinstance(self.total, Const) \
+                and self.step * self.extent.value <= self.total.value:
+            return seen
+        return minimum(seen, self.total)
+
+
+def _elements_seen(program: Program, producer: str, loop: str) -> _Count:
+    """The count of ``producer``'s elements reduced by the first iterations of ``loop``.
+
+    When iteration k of the loop reduces exactly ``T·k <= j < T·(k + 1)`` of the producer's
+    reduce iteration ``j < N`` (``split(j, [None, T])``: ``j = j_0·T + j_1``; checked with ISL
+    over the loops inside, so any enumeration of a tile qualifies), the first n reduce
+    ``min(T·n, N)`` values of j; its other reduce iterations run in full under each.  Any
+    other binding counts iterations.
+    """
+    lps = loops_of(program, producer)
+    nest = lps[[lp.var.name for lp in lps].index(loop):]
+    extent = nest[0].extent
+
+    def by_iterations(why: str) -> _Count:
+        return _Count(1, extent, extent, why)
+
+    b = program.block(producer)
+    rolled = [(iv, bnd) for iv, bnd in zip(b.iters, b.bindings, strict=True) if iv.is_reduce and loop in free_vars(bnd)]
+    if len(rolled) != 1:
+        return by_iterations(f"it binds {len(rolled)} reduce iterations of {producer!r}")
+    iv, binding = rolled[0]
+    what = f"rolling_update: block {producer!r}, binding of {iv.var.name!r}"
+    try:
+        form = linear_form(binding)
+    except NonAffineIndex as err:
+        return by_iterations(str(err))
+    step = form.pop(loop, 0)
+    if step <= 0 or loop in variables(form):
+        return by_iterations(f"{iv.var.name} = {binding} is not {loop}·T plus a term of the inner loops")
+    if step == 1 and len(nest) == 1 and iv.extent == extent:
+        return _Count(1, extent, extent)
+    try:
+        params = param_names(program)
+        sizes = param_env(params)
+        names = [lp.var.name for lp in nest]
+        total = aff_text(iv.extent, sizes, what=what)
+        j = aff_text(binding, dim_env(names, params), what=what)
+        box = [f"0 <= _a{k} < {aff_text(lp.extent, sizes, what=what)}" for k, lp in enumerate(nest)]
+        reduced = build_map(params, names, [j], [*box, f"0 <= {j} < {total}"])
+        tile = build_map(params, [loop, "r"], [f"{step}*_a0 + _a1"],
+                         [box[0], f"0 <= _a1 < {step}", f"0 <= {step}*_a0 + _a1 < {total}"])
+    except NonAffineIndex as err:
+        return by_iterations(str(err))
+    inner = isl.dim_type.in_
+    if not reduced.project_out(inner, 1, len(nest) - 1).is_equal(tile.project_out(inner, 1, 1)):
+        return by_iterations(f"iteration k of loop {loop!r} does not reduce {iv.var.name} in "
+                             f"[{step}·k, {step}·(k + 1))")
+    return _Count(step, extent, iv.extent)
 
 
 def _state_before(combine: Block, accumulators: list[Tensor]) -> list[Expr]:
