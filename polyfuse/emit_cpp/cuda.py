@@ -27,15 +27,14 @@ so that it keeps the accuracy of the f32 program.
 from __future__ import annotations
 
 import math
-import re
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
-from polyfuse.emit_cpp.target import Arg, KernelSource, Launch, Target
+from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
 from polyfuse.errors import UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.ir.expr import BinOp, Const, Expr
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
 from polyfuse.tiling.simplify import simplify_tiles
@@ -462,7 +461,7 @@ class CudaEmitter(CFamilyEmitter):
                   f"{len(self.nests)} kernel(s), launched in order")
         launches = tuple(self.nest_kernel(nest, f"{entry}_k{k}") for k, nest in enumerate(self.nests))
         args = self.arguments()
-        signature = tuple(Arg(t.name, t.role, tuple(_dim(d) for d in t.shape), t.dtype) for t in args)
+        signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
 
@@ -498,17 +497,5 @@ def _static_numel(t) -> int | None:
     return None
 
 
-def _dim(d) -> int | str:
-    if isinstance(d, Const):
-        return int(d.value)
-    if isinstance(d, Var):
-        return d.name
-    return str(d)
-
-
-def entry_name(program: TileProgram) -> str:
-    return "polyfuse_" + re.sub(r"\W", "_", program.name)
-
-
 def emit_cuda(program: TileProgram, target: Target) -> KernelSource:
-    return CudaEmitter(program, target).kernel(entry_name(program))
+    return CudaEmitter(program, target).kernel(entry_name(program.name))

@@ -8,8 +8,8 @@ generated yet).  Everything else — the grid, shared memory, barriers — is th
 
 from __future__ import annotations
 
-from polyfuse.emit_cpp.cuda import CudaEmitter, entry_name
-from polyfuse.emit_cpp.target import KernelSource, Target
+from polyfuse.emit_cpp.cuda import CudaEmitter
+from polyfuse.emit_cpp.target import KernelSource, Target, entry_name
 from polyfuse.tiling.htile import TileProgram
 
 
@@ -20,4 +20,4 @@ class HipEmitter(CudaEmitter):
 
 
 def emit_hip(program: TileProgram, target: Target) -> KernelSource:
-    return HipEmitter(program, target).kernel(entry_name(program))
+    return HipEmitter(program, target).kernel(entry_name(program.name))

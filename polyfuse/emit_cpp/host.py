@@ -19,15 +19,14 @@ runs its reduced axis outermost over a hoisted item tile, and a ``dot`` packs it
 from __future__ import annotations
 
 import math
-import re
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT as REDUCE_INIT
 from polyfuse.emit_cpp.cfamily import _REDUCER_OP as REDUCER_OP
 from polyfuse.emit_cpp.cfamily import CFamilyEmitter, axis_var, flat, worth_hoisting
 from polyfuse.emit_cpp.cfamily import _Materialized as Materialized
 from polyfuse.emit_cpp.parallel import allocated_at, parallel_depth, perfect_chain
-from polyfuse.emit_cpp.target import Arg, KernelSource, Target
-from polyfuse.ir.expr import Const, Expr, Select, Var
+from polyfuse.emit_cpp.target import KernelSource, Target, arg_of, entry_name
+from polyfuse.ir.expr import Const, Expr, Select
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import Dot, Reduce, TileLoad, TileProgram, axes_of, slice_axes, walk_tile_expr
 
@@ -220,7 +219,7 @@ class HostCppEmitter(CFamilyEmitter):
         self.top(p.body)
         self.line("return 0;")
         self.close()
-        signature = tuple(Arg(t.name, t.role, tuple(_dim(d) for d in t.shape), t.dtype) for t in args)
+        signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature,
                             tuple(v.name for v in p.params), Target("cpp"))
 
@@ -234,14 +233,6 @@ def _memory_order(e: Expr, axes: tuple[str, ...]) -> tuple[str, ...]:
     return axes
 
 
-def _dim(d) -> int | str:
-    if isinstance(d, Const):
-        return int(d.value)
-    if isinstance(d, Var):
-        return d.name
-    return str(d)
-
-
 def _loops(s: Stmt):
     if isinstance(s, Loop):
         yield s
@@ -251,9 +242,5 @@ def _loops(s: Stmt):
             yield from _loops(c)
 
 
-def entry_name(program: TileProgram) -> str:
-    return "polyfuse_" + re.sub(r"\W", "_", program.name)
-
-
 def emit_host(program: TileProgram) -> KernelSource:
-    return HostCppEmitter(program).kernel(entry_name(program))
+    return HostCppEmitter(program).kernel(entry_name(program.name))

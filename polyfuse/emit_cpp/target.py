@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import Expr
+from polyfuse.ir.expr import Const, Expr, Var
+from polyfuse.ir.stmt import Tensor
 
 
 @dataclass(frozen=True)
@@ -74,3 +76,20 @@ class KernelSource:
         parts = [f"{a.name}: {a.dtype}[{', '.join(str(d) for d in a.shape)}] ({a.role})" for a in self.args]
         parts += [f"{s}: int" for s in self.sizes]
         return f"{self.entry}({', '.join(parts)})"
+
+
+def entry_name(program_name: str) -> str:
+    """The C identifier a program's kernels are named after."""
+    return "polyfuse_" + re.sub(r"\W", "_", program_name)
+
+
+def arg_of(t: Tensor) -> Arg:
+    """The signature entry of a tensor argument (constant dimensions as ints, parameters by name)."""
+    def dim(d: Expr) -> int | str:
+        if isinstance(d, Const):
+            return int(d.value)
+        if isinstance(d, Var):
+            return d.name
+        return str(d)
+
+    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype)

@@ -10,6 +10,7 @@ compiles into its own temporary file in the cache directory and renames it into 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Mapping
 import hashlib
 import os
 import platform
@@ -68,26 +69,42 @@ def compile_host(source: str, name: str = "kernel", *, werror: bool = False) -> 
     """
     cxx = compiler()
     flags = (*FLAGS, "-Werror") if werror else FLAGS
-    key = "\0".join([source, _headers_digest(), _version(cxx), " ".join(flags), platform.machine()])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    directory = cache_dir()
+    key = [source, _headers_digest(), _version(cxx), " ".join(flags), platform.machine()]
+    built = build_cached(source, name, key, (".cpp", ".so"), cache_dir(),
+                         lambda src, out: [cxx, *flags, f"-I{RUNTIME_DIR}", str(src), "-o", str(out)])
+    assert built is not None
+    return built
+
+
+def build_cached(source: str, name: str, key: list[str], suffixes: tuple[str, str], directory: Path,
+                 command: Callable[[Path, Path], list[str]], *, env: Mapping[str, str] | None = None,
+                 keep: bool = True) -> Path | None:
+    """Compile ``source`` with ``command(source_path, output_path)`` into ``directory``, once per ``key``.
+
+    The output is named after a hash of ``key`` and written to a temporary file first, then
+    renamed into place (atomic), so concurrent builds of one kernel are safe.  With ``keep``
+    false the output is deleted (a compile-only check) and None is returned.
+    """
+    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:24]
     directory.mkdir(parents=True, exist_ok=True)
-    lib = directory / f"{name}-{digest}.so"
-    if lib.exists():
-        return lib
-    fd, tmp_src = tempfile.mkstemp(suffix=".cpp", prefix=f".{name}-", dir=directory)
+    out = directory / f"{name}-{digest}{suffixes[1]}"
+    if keep and out.exists():
+        return out
+    fd, tmp_src = tempfile.mkstemp(suffix=suffixes[0], prefix=f".{name}-", dir=directory)
     with os.fdopen(fd, "w") as f:
         f.write(source)
-    tmp_lib = tmp_src[:-4] + ".so"
+    tmp_out = tmp_src[: -len(suffixes[0])] + suffixes[1]
     try:
-        cmd = [cxx, *flags, f"-I{RUNTIME_DIR}", tmp_src, "-o", tmp_lib]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        cmd = command(Path(tmp_src), Path(tmp_out))
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
         if done.returncode != 0:
-            raise InternalError(f"g++ failed on the generated kernel {name!r} (a polyfuse bug):\n"
+            raise InternalError(f"{Path(cmd[0]).name} failed on the generated kernel {name!r} (a polyfuse bug):\n"
                                 f"{done.stderr[-4000:]}")
-        os.replace(tmp_lib, lib)
+        if not keep:
+            return None
+        os.replace(tmp_out, out)
     finally:
-        for p in (tmp_src, tmp_lib):
+        for p in (tmp_src, tmp_out):
             if os.path.exists(p):
                 os.unlink(p)
-    return lib
+    return out

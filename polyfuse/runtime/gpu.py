@@ -21,6 +21,7 @@ import numpy as np
 from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.runtime.kernel import KernelBase
 from polyfuse.runtime.loaders import Loader
 
 _TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
@@ -38,48 +39,21 @@ class _Device:
     framework: str  # "torch", "cai" or "numpy" (copied in)
 
 
-class GpuKernel:
+class GpuKernel(KernelBase):
     """``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them."""
 
     def __init__(self, source: KernelSource, image: Path, loader: Loader, sizes: Mapping[str, int] | None = None):
-        self.kernel_source = source
+        super().__init__(source, sizes)
         self.image = image
         self.loader = loader
-        self.bound_sizes = dict(sizes or {})
         module = loader.load(image.read_bytes())
         self._module = module
         self._functions = [loader.function(module, launch.kernel, launch.shared) for launch in source.launches]
-        self.inputs = tuple(a for a in source.args if a.role == "input")
-        self.outputs = tuple(a for a in source.args if a.role == "output")
         self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
         self._scratch: dict[tuple, list] = {}
 
-    @property
-    def source(self) -> str:
-        return self.kernel_source.text
-
-    @property
-    def name(self) -> str:
-        return self.kernel_source.entry
-
-    @property
-    def signature(self) -> str:
-        return self.kernel_source.signature
-
     def __repr__(self) -> str:
         return f"GpuKernel({self.signature}, {len(self._functions)} launch(es) via {self.loader.name})"
-
-    def __call__(self, *arrays: object, **sizes: int):
-        outs = self.launch(arrays, sizes)
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def run(self, inputs: Mapping[str, np.ndarray], **sizes: int) -> dict[str, np.ndarray]:
-        """The outputs by name (NumPy), from NumPy inputs by name."""
-        missing = [a.name for a in self.inputs if a.name not in inputs]
-        if missing:
-            raise LaunchError(f"kernel {self.name}: missing input(s) {', '.join(missing)}")
-        outs = self.launch(tuple(inputs[a.name] for a in self.inputs), sizes)
-        return {a.name: o for a, o in zip(self.outputs, outs, strict=True)}
 
     def synchronize(self) -> None:
         """Wait for every launch so far (errors inside kernels surface here)."""
@@ -87,18 +61,10 @@ class GpuKernel:
 
     # ------------------------------------------------------------------ launch
     def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list:
+        self.check_counts(arrays, sizes)
         n_in, n_all = len(self.inputs), len(self.inputs) + len(self.outputs)
-        if len(arrays) not in (n_in, n_all):
-            names = ", ".join(a.name for a in self.inputs)
-            outs = ", ".join(a.name for a in self.outputs)
-            raise LaunchError(f"kernel {self.name} takes {n_in} input array(s) ({names}), or those followed by "
-                              f"its output(s) ({outs}); got {len(arrays)} argument(s)")
-        unknown = sorted(set(sizes) - set(self.kernel_source.sizes))
-        if unknown:
-            raise LaunchError(f"kernel {self.name} has no size parameter(s) {', '.join(unknown)}; "
-                              f"its sizes are: {', '.join(self.kernel_source.sizes) or 'none'}")
         described = [_describe(x, spec) for x, spec in zip(arrays, self.kernel_source.args, strict=False)]
-        values = self._sizes(described[:n_in], sizes)
+        values = self.resolve_sizes([d.shape for d in described[:n_in]], sizes)
         for d, spec in zip(described, self.kernel_source.args, strict=False):
             _check(d, spec, values)
         framework = next((d for d in described if d.framework != "numpy"), None)
@@ -126,18 +92,6 @@ class GpuKernel:
             else:
                 results.append(on_device.owner)
         return results
-
-    def _sizes(self, inputs: list[_Device], sizes: Mapping[str, int]) -> dict[str, int]:
-        values = {**self.bound_sizes, **{k: int(v) for k, v in sizes.items()}}
-        for d, spec in zip(inputs, self.inputs, strict=True):
-            for dim, got in zip(spec.shape, d.shape, strict=False):
-                if isinstance(dim, str) and dim not in values:
-                    values[dim] = int(got)
-        missing = [s for s in self.kernel_source.sizes if s not in values]
-        if missing:
-            raise LaunchError(f"kernel {self.name}: no value for size parameter(s) {', '.join(missing)}; "
-                              f"pass them as keywords")
-        return {s: values[s] for s in self.kernel_source.sizes}
 
     def _on_device(self, d: _Device) -> _Device:
         if d.framework != "numpy":

@@ -18,8 +18,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from polyfuse.errors import BackendUnavailable, InternalError
-from polyfuse.runtime.compiler import RUNTIME_DIR, cache_dir
+from polyfuse.errors import BackendUnavailable
+from polyfuse.runtime.compiler import RUNTIME_DIR, build_cached, cache_dir
 
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas=-warn-spills")
 HIPCC_FLAGS = ("-std=c++17", "-O3", "--genco")
@@ -59,38 +59,18 @@ def command(backend: str, arch: str, source: Path, output: Path) -> list[str]:
 
 def compile_gpu(text: str, name: str, backend: str, arch: str, *, compile_only: bool = False) -> Path | None:
     """Path of the device code built from ``text`` (built now unless cached); None with ``compile_only``."""
-    cmd_probe = command(backend, arch, Path("x"), Path("y"))
-    suffix = ".cu" if backend == "cuda" else ".hip"
-    out_suffix = ".cubin" if backend == "cuda" else ".hsaco"
-    key = "\0".join([text, _headers_digest(), _version(cmd_probe[0]), " ".join(cmd_probe[1:-4]), arch])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+    probe = command(backend, arch, Path("in"), Path("out"))
+    suffixes = (".cu", ".cubin") if backend == "cuda" else (".hip", ".hsaco")
+    key = [text, _headers_digest(), _version(probe[0]), " ".join(probe[1:]), arch]
+    # Debian's hipcc picks the NVIDIA platform when nvcc is installed too; HIP sources target AMD.
+    env = {**os.environ, "HIP_PLATFORM": "amd"} if backend == "hip" else None
     directory = Path(tempfile.mkdtemp(prefix="polyfuse-")) if compile_only else cache_dir()
-    directory.mkdir(parents=True, exist_ok=True)
-    image = directory / f"{name}-{digest}{out_suffix}"
-    if image.exists():
-        return image
-    fd, tmp_src = tempfile.mkstemp(suffix=suffix, prefix=f".{name}-", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    tmp_out = tmp_src[: -len(suffix)] + out_suffix
     try:
-        # Debian's hipcc picks the NVIDIA platform when nvcc is installed too; HIP sources target AMD.
-        env = {**os.environ, "HIP_PLATFORM": "amd"} if backend == "hip" else None
-        done = subprocess.run(command(backend, arch, Path(tmp_src), Path(tmp_out)), capture_output=True,
-                              text=True, check=False, env=env)
-        if done.returncode != 0:
-            raise InternalError(f"{Path(cmd_probe[0]).name} failed on the generated kernel {name!r} for {arch} "
-                                f"(a polyfuse bug):\n{done.stderr[-4000:]}")
-        if compile_only:
-            return None
-        os.replace(tmp_out, image)
+        return build_cached(text, name, key, suffixes, directory, lambda src, out: command(backend, arch, src, out),
+                            env=env, keep=not compile_only)
     finally:
-        for p in (tmp_src, tmp_out):
-            if os.path.exists(p):
-                os.unlink(p)
         if compile_only:
             shutil.rmtree(directory, ignore_errors=True)
-    return image
 
 
 def _headers_digest() -> str:

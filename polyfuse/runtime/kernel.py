@@ -20,23 +20,19 @@ from polyfuse.errors import LaunchError
 _DLPACK_CPU = 1
 
 
-class Kernel:
-    """``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them.
+class KernelBase:
+    """What every compiled kernel shares: its source, calling conventions and argument resolution.
 
+    ``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them.
     Several outputs come back as a tuple, one as an array.  ``sizes`` default to those bound at
-    build time and to what the input shapes say.
+    build time and to what the input shapes say.  Subclasses implement :meth:`launch`.
     """
 
-    def __init__(self, source: KernelSource, library: Path, sizes: Mapping[str, int] | None = None):
+    def __init__(self, source: KernelSource, sizes: Mapping[str, int] | None = None):
         self.kernel_source = source
-        self.library = library
         self.bound_sizes = dict(sizes or {})
-        self._lib = ctypes.CDLL(str(library))
-        self._fn = getattr(self._lib, source.entry)
-        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
-        self._fn.restype = ctypes.c_int
         self.inputs = tuple(a for a in source.args if a.role == "input")
-        self.outputs = tuple(a for a in source.args if a.role != "input")
+        self.outputs = tuple(a for a in source.args if a.role == "output")
 
     @property
     def source(self) -> str:
@@ -50,9 +46,6 @@ class Kernel:
     def name(self) -> str:
         return self.kernel_source.entry
 
-    def __repr__(self) -> str:
-        return f"Kernel({self.signature})"
-
     def __call__(self, *arrays: object, **sizes: int):
         outs = self.launch(arrays, sizes)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -65,7 +58,11 @@ class Kernel:
         outs = self.launch(tuple(inputs[a.name] for a in self.inputs), sizes)
         return {a.name: o for a, o in zip(self.outputs, outs, strict=True)}
 
-    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list[np.ndarray]:
+    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list:
+        raise NotImplementedError
+
+    def check_counts(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> None:
+        """LaunchError unless ``arrays`` are the inputs (and maybe the outputs) and ``sizes`` exist."""
         n_in, n_all = len(self.inputs), len(self.inputs) + len(self.outputs)
         if len(arrays) not in (n_in, n_all):
             names = ", ".join(a.name for a in self.inputs)
@@ -76,8 +73,40 @@ class Kernel:
         if unknown:
             raise LaunchError(f"kernel {self.name} has no size parameter(s) {', '.join(unknown)}; "
                               f"its sizes are: {', '.join(self.kernel_source.sizes) or 'none'}")
+
+    def resolve_sizes(self, shapes: list[tuple[int, ...]], sizes: Mapping[str, int]) -> dict[str, int]:
+        """Size parameter values: given, else bound at build time, else read off the input ``shapes``."""
+        values = {**self.bound_sizes, **{k: int(v) for k, v in sizes.items()}}
+        for shape, spec in zip(shapes, self.inputs, strict=True):
+            for d, got in zip(spec.shape, shape, strict=False):
+                if isinstance(d, str) and d not in values:
+                    values[d] = int(got)
+        missing = [s for s in self.kernel_source.sizes if s not in values]
+        if missing:
+            raise LaunchError(f"kernel {self.name}: no value for size parameter(s) {', '.join(missing)}; "
+                              f"pass them as keywords")
+        return {s: values[s] for s in self.kernel_source.sizes}
+
+
+class Kernel(KernelBase):
+    """A host kernel: one ctypes call of the C-ABI entry point (see :mod:`polyfuse.emit_cpp.host`)."""
+
+    def __init__(self, source: KernelSource, library: Path, sizes: Mapping[str, int] | None = None):
+        super().__init__(source, sizes)
+        self.library = library
+        self._lib = ctypes.CDLL(str(library))
+        self._fn = getattr(self._lib, source.entry)
+        self._fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_int64)]
+        self._fn.restype = ctypes.c_int
+
+    def __repr__(self) -> str:
+        return f"Kernel({self.signature})"
+
+    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list[np.ndarray]:
+        self.check_counts(arrays, sizes)
+        n_in = len(self.inputs)
         given = [_as_array(x, spec) for x, spec in zip(arrays, self.kernel_source.args, strict=False)]
-        values = self._sizes(given[:n_in], sizes)
+        values = self.resolve_sizes([a.shape for a in given[:n_in]], sizes)
         for arr, spec in zip(given, self.kernel_source.args, strict=False):
             _check(arr, spec, values)
         if len(given) == n_in:
@@ -91,18 +120,6 @@ class Kernel:
         if status != 0:
             raise LaunchError(f"kernel {self.name} returned status {status}")
         return given[n_in:]
-
-    def _sizes(self, inputs: list[np.ndarray], sizes: Mapping[str, int]) -> dict[str, int]:
-        values = {**self.bound_sizes, **{k: int(v) for k, v in sizes.items()}}
-        for arr, spec in zip(inputs, self.inputs, strict=True):
-            for d, got in zip(spec.shape, arr.shape, strict=False):
-                if isinstance(d, str) and d not in values:
-                    values[d] = int(got)
-        missing = [s for s in self.kernel_source.sizes if s not in values]
-        if missing:
-            raise LaunchError(f"kernel {self.name}: no value for size parameter(s) {', '.join(missing)}; "
-                              f"pass them as keywords")
-        return {s: values[s] for s in self.kernel_source.sizes}
 
 
 def _as_array(x: object, spec: Arg) -> np.ndarray:
