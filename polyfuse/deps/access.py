@@ -21,13 +21,14 @@ instance, the first included.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import islpy as isl
 
 from polyfuse.deps.domains import first_reduce_instances, param_names
 from polyfuse.deps.islconv import aff_text, build_map, dim_env
+from polyfuse.deps.memo import memoized
 from polyfuse.ir.expr import Expr, Load
 from polyfuse.ir.stmt import Block, Program, Tensor
 from polyfuse.ir.visit import loads
@@ -97,8 +98,14 @@ def _text(tensor: Tensor, indices: tuple[Expr, ...]) -> str:
     return f"{tensor.name}[{', '.join(str(i) for i in indices)}]"
 
 
-def block_accesses(block: Block, domain: isl.Set, params: tuple[str, ...]) -> list[Access]:
+def block_accesses(block: Block, domain: isl.Set, params: Sequence[str]) -> list[Access]:
     """The tagged accesses of one block: its loads (pre-order), init loads, then its store."""
+    return list(_block_accesses(block, domain, tuple(params)))
+
+
+@memoized(4096)
+def _block_accesses(block: Block, domain: isl.Set, params: tuple[str, ...]) -> tuple[Access, ...]:
+    """Cached per block (and domain): most blocks outlive many schedule steps unchanged."""
     st = block.store
     acc_load = Load(st.tensor, st.indices)
     first = first_reduce_instances(block, domain) if block.is_reduction and block.init is not None else None
@@ -117,7 +124,7 @@ def block_accesses(block: Block, domain: isl.Set, params: tuple[str, ...]) -> li
                               _relation(block, ld.tensor, ld.indices, params, first)))
     out.append(Access(f"{block.name}__w", block.name, st.tensor.name, WRITE, STORE,
                       _text(st.tensor, st.indices), _relation(block, st.tensor, st.indices, params, domain)))
-    return out
+    return tuple(out)
 
 
 def accesses(program: Program, domains: Mapping[str, isl.Set]) -> tuple[Access, ...]:
@@ -125,7 +132,7 @@ def accesses(program: Program, domains: Mapping[str, isl.Set]) -> tuple[Access, 
     params = param_names(program)
     out: list[Access] = []
     for b in program.blocks():
-        out.extend(block_accesses(b, domains[b.name], params))
+        out.extend(_block_accesses(b, domains[b.name], params))
     return tuple(out)
 
 

@@ -1,12 +1,11 @@
 """Dependence analysis of a program: flow, anti and output dependences.
 
-All three come from ``isl.UnionAccessInfo.compute_flow`` on tagged accesses, so
-each dependence is *direct*:
+All three are *direct* (:mod:`polyfuse.deps.direct` computes them from
+``isl.UnionAccessInfo.compute_flow`` on tagged accesses):
 
 - flow: value-based, each read from its last writer (exact last-writer relation);
 - output: each write from the previous write of the same element;
-- anti: each read to the next write of the same element (ISL's may-dependences
-  of writes on reads, killed by intervening writes).
+- anti: each read to the next write of the same element.
 
 Direct dependences are enough for legality: every memory-based dependence is a
 chain of direct ones, so a schedule that keeps the direct ones keeps them all.
@@ -17,18 +16,19 @@ instance under every schedule).  See :mod:`polyfuse.deps.dependence` for the
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 import islpy as isl
 
-from polyfuse.deps.access import ACCUMULATOR, STORE, Access, accesses, tagged_union
+from polyfuse.deps.access import ACCUMULATOR, STORE, Access, accesses
 from polyfuse.deps.dependence import ANTI, FLOW, KINDS, OUTPUT, Dependence
+from polyfuse.deps.direct import direct_maps
 from polyfuse.deps.domains import domains as iteration_domains
 from polyfuse.deps.domains import param_names
-from polyfuse.deps.schedule import instance_schedule
+from polyfuse.deps.memo import memoized
+from polyfuse.deps.schedule import instance_schedule, orderings
 from polyfuse.errors import InternalError, PolyfuseError
 from polyfuse.ir.stmt import Block, Program
 from polyfuse.ir.visit import loads
@@ -106,16 +106,6 @@ class Dependences:
         return "\n".join(str(d) for d in self.all) or f"program {self.program!r} has no dependences"
 
 
-def _tagged_schedule(items: tuple[Access, ...], schedule: Mapping[str, isl.Map]) -> isl.UnionMap:
-    """Schedule of tagged instances: the block's time plus one trailing dimension (reads 0, writes 1)."""
-    out = isl.UnionMap.empty(isl.Space.params_alloc(isl.DEFAULT_CONTEXT, 0))
-    for a in items:
-        order = isl.Set("{ [0] }" if a.is_read else "{ [1] }")
-        timed = schedule[a.block].flat_range_product(isl.Map.from_domain_and_range(a.relation.domain(), order))
-        out = out.union(isl.UnionMap.from_map(a.untag.apply_range(timed)))
-    return out
-
-
 def _maps(umap: isl.UnionMap) -> list[isl.Map]:
     out: list[isl.Map] = []
     umap.foreach_map(out.append)
@@ -126,26 +116,30 @@ def _tag_of(space: isl.Space) -> str:
     return space.unwrap().get_tuple_name(isl.dim_type.out)
 
 
-def _final_updates(write: Access, schedule: isl.Map) -> isl.Set:
-    """Instances of a reduction whose write of an element is the last one by that block."""
-    same_element = write.relation.apply_range(write.relation.reverse())
+@memoized(1024)
+def _final_updates(write: isl.Map, schedule: isl.Map) -> isl.Set:
+    """Instances of a reduction (``write``: its store's relation) whose write of an element is the
+    last one by that block under its own ``schedule`` (cached: a reduction outlives many steps)."""
+    same_element = write.apply_range(write.reverse())
     later = schedule.lex_lt_map(schedule)
     overwritten = same_element.intersect(later).domain()
-    return write.relation.domain().subtract(overwritten)
+    return write.domain().subtract(overwritten)
 
 
 class _Classifier:
     """Turns ISL's tagged dependence maps into flagged :class:`Dependence` objects."""
 
-    def __init__(self, program: Program, by_tag: dict[str, Access], schedule: Mapping[str, isl.Map]):
+    def __init__(self, program: Program, by_tag: dict[str, Access],
+                 order: Callable[[Collection[str]], dict[str, isl.Map]]):
         self.blocks = {b.name: b for b in program.blocks()}
         self.by_tag = by_tag
-        self.schedule = schedule
+        self.order = order
         self._final: dict[str, isl.Set] = {}
 
     def final(self, block: Block) -> isl.Set:
         if block.name not in self._final:
-            self._final[block.name] = _final_updates(self.by_tag[f"{block.name}__w"], self.schedule[block.name])
+            (own,) = self.order({block.name}).values()
+            self._final[block.name] = _final_updates(self.by_tag[f"{block.name}__w"].relation, own)
         return self._final[block.name]
 
     def classify(self, kind: str, tagged: isl.Map) -> list[Dependence]:
@@ -182,22 +176,10 @@ def analyze(program: Program, *, tensors: Collection[str] | None = None,
     ``tensors`` restricts the analysis to accesses of those tensors (dependences
     only ever relate accesses of one tensor, so this is exact for them); a step
     that moves one block can only break dependences on what that block touches.
-    ``kinds`` skips the anti/output computations when only flow is needed.
+    ``kinds`` selects the kinds computed (flow alone is cheaper).
     Cached per program (programs are immutable and hash structurally).
     """
     return _analyze(program, None if tensors is None else frozenset(tensors), frozenset(kinds))
-
-
-def _reversed_time(schedule: isl.UnionMap) -> isl.UnionMap:
-    """``schedule`` with every time coordinate negated (lexicographic order reversed)."""
-    maps: list[isl.Map] = []
-    schedule.foreach_map(maps.append)
-    if not maps:
-        return schedule
-    width = maps[0].dim(isl.dim_type.out)
-    names = ", ".join(f"t{k}" for k in range(width))
-    negated = ", ".join(f"-t{k}" for k in range(width))
-    return schedule.apply_range(isl.UnionMap(f"{{ [{names}] -> [{negated}] }}"))
 
 
 def tensors_of(*blocks: Block) -> frozenset[str]:
@@ -211,40 +193,41 @@ def tensors_of(*blocks: Block) -> frozenset[str]:
     return frozenset(out)
 
 
-@functools.lru_cache(maxsize=64)
+@memoized(64)
 def _analyze(program: Program, tensors: frozenset[str] | None, kinds: frozenset[str]) -> Dependences:
     doms = iteration_domains(program)
     accs = accesses(program, doms)
     if tensors is not None:
         accs = tuple(a for a in accs if a.tensor in tensors)
-    sched = instance_schedule(program, doms)
-    reads = [a for a in accs if a.is_read]
-    writes = [a for a in accs if not a.is_read]
-    tsched = _tagged_schedule(accs, sched)
-    read_map, write_map = tagged_union(reads), tagged_union(writes)
+    found = _dependences(program, doms, accs, kinds)
+    return Dependences(program.name, param_names(program), MappingProxyType(doms), accs,
+                       MappingProxyType(instance_schedule(program, doms)), found)
 
-    empty = isl.UnionMap.empty(read_map.get_space())
-    flow = (isl.UnionAccessInfo.from_sink(read_map).set_must_source(write_map)
-            .set_schedule_map(tsched).compute_flow().get_must_dependence()) if FLOW in kinds else empty
-    output_map = (isl.UnionAccessInfo.from_sink(write_map).set_must_source(write_map)
-                  .set_schedule_map(tsched).compute_flow().get_must_dependence()) if OUTPUT in kinds else empty
-    # Each read paired with the next write to its element: the last write before the read in
-    # reversed time (every time coordinate negated).  A must-source flow there is much cheaper
-    # than ISL's may-source form (reads as may-sources of writes) and gives the same relation.
-    anti_map = (isl.UnionAccessInfo.from_sink(read_map).set_must_source(write_map)
-                .set_schedule_map(_reversed_time(tsched)).compute_flow().get_must_dependence().reverse()
-                ) if ANTI in kinds else empty
 
-    by_tag = {a.tag: a for a in accs}
-    classifier = _Classifier(program, by_tag, sched)
-    order = {a.tag: k for k, a in enumerate(accs)}
+def _dependences(program: Program, doms: Mapping[str, isl.Set], accs: tuple[Access, ...],
+                 kinds: frozenset[str]) -> tuple[Dependence, ...]:
+    # ISL's cost grows with the time coordinates: only those that order the analysed blocks.
+    order = orderings(program, doms)
+    maps = direct_maps(accs, order({a.block for a in accs}), flow_only=not kinds & {ANTI, OUTPUT})
+    classifier = _Classifier(program, {a.tag: a for a in accs}, order)
+    position = {a.tag: k for k, a in enumerate(accs)}
     found: list[Dependence] = []
-    for kind, umap in ((FLOW, flow), (ANTI, anti_map), (OUTPUT, output_map)):
-        deps = [d for m in _maps(umap) for d in classifier.classify(kind, m)]
-        deps.sort(key=lambda d: (order[d.source_ref], order[d.sink_ref], not d.temporal))
+    for kind, umap in ((FLOW, maps.flow), (ANTI, maps.anti), (OUTPUT, maps.output)):
+        if kind not in kinds:
+            continue
+        deps = [t for m in _maps(umap) for d in classifier.classify(kind, m) for t in _with_twins(kind, d, maps.twins)]
+        deps.sort(key=lambda d: (position[d.source_ref], position[d.sink_ref], not d.temporal))
         found.extend(deps)
-    return Dependences(program.name, param_names(program), MappingProxyType(doms), accs, MappingProxyType(sched),
-                       tuple(found))
+    return tuple(found)
+
+
+def _with_twins(kind: str, dep: Dependence, twins: Mapping[str, tuple[Access, ...]]) -> Iterator[Dependence]:
+    """``dep`` and its copies for the reads that repeat its read (flow: the sink; anti: the source)."""
+    yield dep
+    if kind == FLOW:
+        yield from (replace(dep, sink_ref=t.tag) for t in twins.get(dep.sink_ref, ()))
+    elif kind == ANTI:
+        yield from (replace(dep, source_ref=t.tag) for t in twins.get(dep.source_ref, ()))
 
 
 __all__ = ["Dependences", "analyze"]

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import islpy as isl
 
 from polyfuse.deps.islconv import aff_text, build_set, condition_texts, dim_env, param_env
+from polyfuse.deps.memo import memoized
 from polyfuse.errors import IRError
 from polyfuse.ir.expr import Expr, logical_and
 from polyfuse.ir.simplify import simplify_condition
@@ -27,8 +28,17 @@ def param_names(program: Program) -> tuple[str, ...]:
     return tuple(p.name for p in program.params)
 
 
-def iteration_domain(block: Block, params: tuple[str, ...]) -> isl.Set:
-    """``{ B[iters] : 0 <= iter_k < extent_k and where }`` with extents as ISL params."""
+def iteration_domain(block: Block, params: Sequence[str]) -> isl.Set:
+    """``{ B[iters] : 0 <= iter_k < extent_k and where }`` with extents as ISL params.
+
+    Cached per block: a schedule step keeps most blocks as they are, and every analysis
+    of the programs it produces needs their domains again.
+    """
+    return _iteration_domain(block, tuple(params))
+
+
+@memoized(4096)
+def _iteration_domain(block: Block, params: tuple[str, ...]) -> isl.Set:
     env = param_env(params)
     names = [iv.var.name for iv in block.iters]
     cons = []
@@ -108,7 +118,7 @@ def domains(program: Program) -> dict[str, isl.Set]:
     return dict(_domains(program))
 
 
-@functools.lru_cache(maxsize=64)
+@memoized(64)
 def _domains(program: Program) -> tuple[tuple[str, isl.Set], ...]:
     params = param_names(program)
     return tuple((b.name, iteration_domain(b, params)) for b in program.blocks())

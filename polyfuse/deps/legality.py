@@ -20,7 +20,7 @@ import islpy as isl
 from polyfuse.deps.analysis import Dependences
 from polyfuse.deps.dependence import Dependence
 from polyfuse.deps.domains import domains as iteration_domains
-from polyfuse.deps.schedule import instance_schedule
+from polyfuse.deps.schedule import instance_schedule, orderings
 from polyfuse.errors import IllegalTransform, IRError
 from polyfuse.ir.stmt import Program
 
@@ -68,7 +68,20 @@ def violated(dependences: Dependences, new: Program | Schedule) -> list[Dependen
     checked: they have no dependences here (analyse the new program for those).
     """
     schedule = _schedule_of(dependences, new)
-    return [v for d in dependences.all if (v := violation(d, schedule)) is not None]
+    if not isinstance(new, Program):
+        return [v for d in dependences.all if (v := violation(d, schedule)) is not None]
+    # Each pair of blocks is compared on the time coordinates that order the two (same order, fewer
+    # coordinates for ISL's lexicographic comparison).
+    order = orderings(new, iteration_domains(new))
+    pairs: dict[tuple[str, str], Schedule] = {}
+    found = []
+    for d in dependences.all:
+        key = (d.source, d.sink)
+        if key not in pairs:
+            pairs[key] = order(key)
+        if (v := violation(d, pairs[key])) is not None:
+            found.append(v)
+    return found
 
 
 def _report(violations: list[Dependence]) -> str:

@@ -49,7 +49,9 @@ Before / after (fused attention, 8×8 tiles; ``qk`` is allocated under ``j_0``):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import islpy as isl
 
@@ -57,6 +59,7 @@ from polyfuse import deps
 from polyfuse.deps.dependence import Dependence
 from polyfuse.deps.domains import iteration_domain, param_names
 from polyfuse.deps.islconv import aff_text, build_map, dim_env
+from polyfuse.deps.memo import memoized
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.affine import Atom, linear_form
 from polyfuse.ir.expr import BinOp, Const, Expr, Load, Var, const
@@ -218,11 +221,18 @@ def _new_indices(params: tuple[str, ...], kept: list[Loop], users: list[Placemen
 
 def _index_tuples(block: Block, tensor: str) -> list[Indices]:
     """The distinct index tuples with which ``block`` loads or stores ``tensor``."""
+    return list(_indices_by_tensor(block).get(tensor, ()))
+
+
+@memoized(1024)
+def _indices_by_tensor(block: Block) -> Mapping[str, tuple[Indices, ...]]:
+    """Per tensor, the distinct index tuples of ``block``'s loads and store (one walk for every temporary)."""
     exprs = [block.store.value] + ([block.init] if block.init is not None else [])
-    found = [ld.indices for e in exprs for ld in loads(e) if ld.tensor.name == tensor]
-    if block.store.tensor.name == tensor:
-        found.append(block.store.indices)
-    return list(dict.fromkeys(found))
+    found: dict[str, dict[Indices, None]] = {}
+    for ld in (ld for e in exprs for ld in loads(e)):
+        found.setdefault(ld.tensor.name, {})[ld.indices] = None
+    found.setdefault(block.store.tensor.name, {})[block.store.indices] = None
+    return MappingProxyType({name: tuple(idx) for name, idx in found.items()})
 
 
 def _common_loops(nests: list[list[Loop]]) -> list[Loop]:
@@ -262,6 +272,7 @@ def _crossing(info: deps.Dependences, dep: Dependence, depth: int) -> isl.Map:
     return dep.relation.subtract(same)
 
 
+@memoized(1024)
 def _access(params: tuple[str, ...], block: Block, tensor: str, idx: Indices, dom: isl.Set) -> isl.Map:
     """``{ B[iters] -> T[idx] }`` over the whole domain (wherever the access is evaluated)."""
     names = [iv.var.name for iv in block.iters]
