@@ -11,7 +11,7 @@ temporaries to what one iteration uses (no S×S score matrix remains in fused
 attention).
 
 GPU targets (``target="cuda"`` or ``"hip"``) get the same fusions with GPU-sized tiles:
-64×64 query/key tiles for prefill (one thread block per query tile), 128-key splits for decode
+32×64 query/key tiles for prefill (one thread block per query tile), 128-key splits for decode
 (one block per split, then a combine kernel), and for the other operators a rolling loop over
 tiles of ``GPU_ROW_TILE`` elements instead of single elements, with the elementwise consumers of
 the fused results moved into the same per-row loop (one block per row, one pass over memory for
@@ -31,8 +31,11 @@ PREFILL_TILE = (16, 16)
 """Query rows × key columns per tile of fused prefill attention."""
 DECODE_SPLITS = 4
 """Key splits of fused decode attention (the partial nests run in parallel)."""
-GPU_PREFILL_TILE = (64, 64)
-"""Query rows × key columns per thread block of fused prefill attention on GPUs."""
+GPU_PREFILL_TILE = (32, 64)
+"""Query rows × key columns per thread block of fused prefill attention on GPUs.
+
+Measured on the H200 (causal, S=4096, d=128, 8 warps): 32×64 11.9 ms, 16×64 12.3, 64×64 16.8,
+32×32 14.4, 32×128 14.0."""
 GPU_DECODE_SPLIT = 128
 """Keys per split (one thread block each) of fused decode attention on GPUs."""
 GPU_ROW_TILE = 1024
