@@ -286,9 +286,7 @@ class CudaEmitter(CFamilyEmitter):
         axes = axes_of(e)
         size = math.prod(self.sizes[a] for a in axes)
         name = self.fresh()
-        ct = self.reduce_type(e) if isinstance(e, Reduce) else self.ctype(e.dtype)
-        if isinstance(e, Reduce) and e.op == "or":
-            ct = "bool"
+        ct = self.ctype(e.dtype)  # an "or" reduction is stored as bool (its accumulator is an int)
         self.shared_array(ct, name, size * _SIZEOF[ct])
         if isinstance(e, Dot):
             from polyfuse.emit_cpp.mma import emit_dot
@@ -464,11 +462,6 @@ class CudaEmitter(CFamilyEmitter):
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
-
-    def loop(self, s: Loop) -> None:
-        self.open(self.loop_header(s))
-        self.stmt(s.body)
-        self.close()
 
 
 def _align(n: int) -> int:

@@ -206,10 +206,7 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
         a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a_stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
     else:
         a_at = f"(pf_mt * 16 + pf_lane % 16) * {a_stride} + pf_kk + (pf_lane / 16) * 8"
-    load_a = "pf::ldmatrix_x4_trans" if a_km else "pf::ldmatrix_x4"
-    for part, offset in (("pf_fa", ""), ("pf_fa_lo", f"{a_size} + ")) if split_a else (("pf_fa", ""),):
-        em.line(f"uint32_t {part}[4];")
-        em.line(f"{load_a}({part}, &{sa}[{offset}{a_at}]);")
+    _fragments(em, "pf_fa", 4, "pf::ldmatrix_x4_trans" if a_km else "pf::ldmatrix_x4", sa, a_at, a_size, split_a)
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line(f"const int pf_nt = pf_ng * {per} + pf_nb;")
@@ -218,10 +215,7 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
         b_at = f"(pf_kk + pf_lane % 16) * {b_stride} + pf_nt * 8"
     else:
         b_at = f"(pf_nt * 8 + pf_lane % 8) * {b_stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
-    load_b = "pf::ldmatrix_x2_trans" if b_kn else "pf::ldmatrix_x2"
-    for part, offset in (("pf_fb", ""), ("pf_fb_lo", f"{b_size} + ")) if split_b else (("pf_fb", ""),):
-        em.line(f"uint32_t {part}[2];")
-        em.line(f"{load_b}({part}, &{sb}[{offset}{b_at}]);")
+    _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b_kn else "pf::ldmatrix_x2", sb, b_at, b_size, split_b)
     em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb);")
     if split_a:
         em.line(f"{mma}(pf_c[pf_nb], pf_fa_lo, pf_fb);")
@@ -245,6 +239,13 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
     em.close()
     em.close()
     em.close()
+
+
+def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:
+    """Declare and ``ldmatrix`` the fragment ``name`` (and ``name_lo`` from the lo half of a split operand)."""
+    for part, offset in ((name, ""), (f"{name}_lo", f"{size} + ")) if split else ((name, ""),):
+        em.line(f"uint32_t {part}[{regs}];")
+        em.line(f"{load}({part}, &{arr}[{offset}{at}]);")
 
 
 def raw_operand(x: Expr, low: DType) -> tuple[TileLoad, list[Expr]] | None:
