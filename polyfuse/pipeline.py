@@ -47,9 +47,10 @@ def _program(program_or_schedule: object) -> Program:
 def stages(program_or_schedule: object, target: Target | str = "cpp") -> Stages:
     """Run the pipeline up to the source text."""
     from polyfuse.tiling import to_tiles
+    from polyfuse.tiling.skip import skip_masked_tiles
 
     program = _program(program_or_schedule)
-    tile = to_tiles(program)
+    tile = skip_masked_tiles(to_tiles(program))
     return Stages(program, tile, emit(tile, target))
 
 

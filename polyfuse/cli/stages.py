@@ -83,14 +83,16 @@ def _interpret_plain(subject: Subject, inputs: Arrays) -> Arrays:
 
 def _tile_source(subject: Subject) -> str:
     from polyfuse.tiling import to_tiles
+    from polyfuse.tiling.skip import skip_masked_tiles
 
-    return f"# {subject}: the fused program as tiles\n{to_tiles(subject.schedule().program)}"
+    return f"# {subject}: the fused program as tiles\n{skip_masked_tiles(to_tiles(subject.schedule().program))}"
 
 
 def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
     from polyfuse import tiling
+    from polyfuse.tiling.skip import skip_masked_tiles
 
-    return tiling.interpret(tiling.to_tiles(subject.schedule().program), inputs)
+    return tiling.interpret(skip_masked_tiles(tiling.to_tiles(subject.schedule().program)), inputs)
 
 
 def _cpp_source(subject: Subject) -> str:

@@ -29,6 +29,7 @@ from polyfuse.emit_cpp.target import KernelSource, Target, arg_of, entry_name
 from polyfuse.ir.expr import Const, Expr, Select
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import Dot, Reduce, TileLoad, TileProgram, axes_of, slice_axes, walk_tile_expr
+from polyfuse.tiling.skip import skip_masked_tiles
 
 
 class HostCppEmitter(CFamilyEmitter):
@@ -243,4 +244,4 @@ def _loops(s: Stmt):
 
 
 def emit_host(program: TileProgram) -> KernelSource:
-    return HostCppEmitter(program).kernel(entry_name(program.name))
+    return HostCppEmitter(skip_masked_tiles(program)).kernel(entry_name(program.name))
