@@ -2,8 +2,9 @@
 //
 // The same semantics as polyfuse_host.h: low-precision floats are stored as raw bits (uint16_t
 // for f16/bf16, uint8_t for fp8 e4m3fn), computed in float and rounded to nearest even exactly as
-// NumPy and ml_dtypes round, so a GPU kernel rounds where the tile interpreter rounds.  The
-// conversions are written with integer operations, identical on CUDA and HIP.
+// NumPy and ml_dtypes round, so a GPU kernel rounds where the tile interpreter rounds.  On CUDA
+// f16 and bf16 use the hardware conversions (one cvt each, the same rounding); HIP and fp8 use
+// integer operations.
 //
 // On CUDA it adds the tensor-core path: ldmatrix fragment loads and mma.sync m16n8k16 with f16 or
 // bf16 operands and f32 accumulators (sm_80 and later, sm_90a included).
@@ -27,6 +28,21 @@ PF_DEV uint32_t float_bits(float x) { return __float_as_uint(x); }
 PF_DEV float bits_float(uint32_t u) { return __uint_as_float(u); }
 
 // ---------------------------------------------------------------- f16 (IEEE binary16)
+#if !defined(__HIPCC__)
+// CUDA: the hardware conversions (cvt) round to nearest even with subnormals, as NumPy does; a NaN
+// becomes the canonical f16 NaN (its payload is not kept, which no comparison can observe).
+PF_DEV float f16_to_float(uint16_t h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+PF_DEV uint16_t float_to_f16(float x) {
+    uint16_t h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+#else
 PF_DEV float f16_to_float(uint16_t h) {
     uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
     uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
@@ -51,6 +67,7 @@ PF_DEV uint16_t float_to_f16(float x) {
     uint32_t m = a + 0xfffu + ((a >> 13) & 1u);                                   // round to nearest even
     return sign | static_cast<uint16_t>((m - 0x38000000u) >> 13);
 }
+#endif
 
 PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 
@@ -58,9 +75,15 @@ PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 PF_DEV float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
 PF_DEV uint16_t float_to_bf16(float x) {
+#if !defined(__HIPCC__) && (!defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800)
+    uint16_t h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+#else
     uint32_t u = float_bits(x);
     if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
     return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+#endif
 }
 
 PF_DEV float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }

@@ -18,7 +18,7 @@ import pytest
 
 from polyfuse import ops
 from polyfuse.emit_cpp import CUDA, HIP, emit
-from polyfuse.emit_cpp.grid import CTA, MAP, partition
+from polyfuse.emit_cpp.grid import CTA, partition
 from polyfuse.emit_cpp.mma import exact_low
 from polyfuse.errors import LaunchError, NoRepairFound, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
@@ -111,7 +111,7 @@ def test_row_kernels_use_128_bit_accesses(name):
 def test_decode_splits_into_partial_and_combine_kernels():
     program, nests = partition(_tiles("attn_causal", "decode"))
     kinds = [(n.kind, len(n.chain)) for n in nests]
-    assert kinds == [(CTA, 4), (CTA, 3), (MAP, 0)]
+    assert kinds == [(CTA, 4), (CTA, 3)]  # (b, i, h, split) partials; (b, i, h) combine with out
     promoted = {t.name: t for t in program.tensors}["row_max_rf"]
     assert len(promoted.shape) == 7  # b, h, i prepended to the compacted per-split shape
 
@@ -120,7 +120,9 @@ def test_prefill_is_one_kernel_per_query_tile():
     source = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA)
     (launch,) = source.launches
     assert launch.threads == 256 and 0 < launch.shared <= 227 * 1024
-    assert "for (int j_0 = 0; j_0 < (4); ++j_0)" in source.text  # the rolling loop over key tiles
+    # the rolling loop over key tiles, up to the last one the causal mask leaves visible (tiling/skip.py)
+    last = "pf::floordiv(static_cast<int32_t>(i_0), static_cast<int32_t>((2))) + (1)"
+    assert f"for (int j_0 = 0; j_0 < ({last}); ++j_0)" in source.text
 
 
 def test_exact_low_sees_through_casts_and_masks():
@@ -235,3 +237,52 @@ def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
 def test_exact_16_bit_operands_are_staged_by_128_bit_copies():
     text = emit(_tiles("attn_causal", "prefill"), CUDA).text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3  # q, k and v; P is split hi+lo instead
+
+
+def _statement(text: str, block: str) -> str:
+    """The generated code of one tile statement (from its ``// block`` comment to the next one)."""
+    import re
+
+    start = text.index(f"// {block}\n")
+    end = re.compile(r"^\s*// \w+$", re.M).search(text, start + len(block) + 4)
+    return text[start:end.start() if end else None]
+
+
+def test_small_output_dots_are_block_reductions():
+    # rmsnorm's Σx² is a 1-output dot over the row: a block reduction with vector loads, not a
+    # staging of both operands for one thread's serial loop.
+    text = emit(_tiles("rmsnorm_amax", "default", M=8192), CUDA).text
+    ssq = _statement(text, "s_ssq")
+    assert "pf::shfl_xor" in ssq and "uint4" in ssq
+    assert "pf_fa" not in ssq and "pf_fb" not in ssq
+
+
+def test_tensor_core_results_go_in_place_into_padded_rows():
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64), CUDA).text
+    # qk and pv_rf are inlined into their readers (polyfuse.tiling.inline): score and pv are
+    # computed in the epilogues of their dots and written in place, into rows 64 + 8 words
+    # apart (bank-conflict free for the row reductions and the epilogues); no result array.
+    for block, target in (("score", "score[("), ("pv", "pv[(")):
+        code = _statement(text, block)
+        assert "pf::mma_f16" in code and "float* pf_t" not in code.split("tensor cores")[1]
+        assert target in code and "* 72 + x_ax1)] = " in code
+    assert "// qk\n" not in text and "// pv_rf\n" not in text
+    # Ragged tiles (S = 40) keep masked stores: the dot goes to a pitched result array, written
+    # in pairs (16 columns + 24 words of padding).
+    ragged = _statement(emit(_tiles("attn_causal", "prefill"), CUDA).text, "qk")
+    assert "make_float2" in ragged and "* 40 + pf_n]" in ragged
+
+
+def test_cheap_broadcasts_are_recomputed_not_staged():
+    # The causal mask compares two index expressions: recomputed per element, not staged in
+    # shared memory behind extra barriers; the costly exp(m_prev - m) is still computed once per row.
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA).text
+    assert "int32_t* pf_" not in _statement(text, "score")
+    assert "exp(" in _statement(text, "pv").split("__syncthreads")[0]
+
+
+def test_gpu_header_converts_16_bit_floats_with_cvt():
+    from pathlib import Path
+
+    header = (Path(__file__).resolve().parents[1] / "runtime" / "polyfuse_gpu.h").read_text()
+    assert "cvt.rn.f16.f32" in header and "cvt.f32.f16" in header and "cvt.rn.bf16.f32" in header

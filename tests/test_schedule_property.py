@@ -120,7 +120,7 @@ def _reduce_loop_vars(block: Block) -> set[str]:
 def draw_step(data: st.DataObject, sch: Schedule) -> tuple[str, Callable[[], object]]:
     """A primitive and a call of it on ``sch`` with drawn arguments (legal or not)."""
     primitives = ["split", "reorder", "fuse", "tile", "bind", "annotate", "decompose_reduction", "rfactor"]
-    primitives += [p for p in ("compute_at", "reverse_compute_at", "compute_inline") if hasattr(sch, p)]
+    primitives += [p for p in ("compute_at", "recompute_at", "reverse_compute_at", "compute_inline") if hasattr(sch, p)]
     prim = data.draw(st.sampled_from(primitives))
     reductions = [b.name for b in sch.program.blocks() if b.reducer is not None]
     pool = reductions if prim in ("decompose_reduction", "rfactor") and reductions else _blocks(sch)

@@ -39,8 +39,16 @@ _REDUCER_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "or": "or"}
 
 @dataclass
 class _Materialized:
+    """A node's values in array ``name`` over ``axes``, row-major; rows ``pitch`` apart if given."""
+
     name: str
     axes: tuple[str, ...]
+    pitch: int | None = None
+
+    def at(self, sizes: dict[str, int], env: dict[str, str]) -> str:
+        if self.pitch is None or len(self.axes) < 2:
+            return flat(self.axes, sizes, env)
+        return f"({flat(self.axes[:-1], sizes, env)} * {self.pitch} + {env[self.axes[-1]]})"
 
 
 class CFamilyEmitter:
@@ -64,6 +72,7 @@ class CFamilyEmitter:
         self.depth = 0
         self.counter = 0
         self.params = {p.name for p in program.params}
+        self.materialized: dict[Expr, _Materialized] = {}  # per store; empty for loop extents before the first
 
     # ------------------------------------------------------------ table of differences (override)
     def parallel_pragma(self, collapse: int) -> str | None:
@@ -170,7 +179,7 @@ class CFamilyEmitter:
         """C text of the element of ``e`` at the axis values bound in ``env``."""
         found = self.materialized.get(e) if isinstance(e, (Reduce, Dot, BinOp, Call, Select, Cast)) else None
         if found is not None:
-            return f"{found.name}[{flat(found.axes, self.sizes, env)}]"
+            return f"{found.name}[{found.at(self.sizes, env)}]"
         if isinstance(e, Var):
             return e.name
         if isinstance(e, Const):
@@ -301,8 +310,12 @@ class CFamilyEmitter:
             self.materialize_within(c)
         if isinstance(e, (Reduce, Dot)):
             self.materialize(e)
-        elif isinstance(e, Broadcast) and worth_hoisting(e.tile) and len(axes_of(e.tile)) < len(e.axes):
+        elif isinstance(e, Broadcast) and self.worth_hoisting(e.tile) and len(axes_of(e.tile)) < len(e.axes):
             self.materialize(e.tile)
+
+    def worth_hoisting(self, e: Expr) -> bool:
+        """Whether to compute a broadcast's operand ``e`` once per element of its own axes."""
+        return worth_hoisting(e)
 
     def materialize(self, e: Expr) -> None:
         axes = axes_of(e)

@@ -34,16 +34,19 @@ from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry
 from polyfuse.errors import UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Const, Expr
+from polyfuse.ir.expr import BinOp, Call, Const, Expr
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
+from polyfuse.tiling.inline import inline_products
 from polyfuse.tiling.simplify import simplify_tiles
+from polyfuse.tiling.skip import skip_masked_tiles
 from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, depends_on
 
 DEFAULT_WARPS = 8
 MAP_THREADS = 256
 SHARED_LIMIT = 227 * 1024
 """Dynamic shared memory one block may opt into on sm_90 (H100/H200)."""
+_CHEAP_CALLS = ("neg", "not", "abs")
 _SIZEOF = {"float": 4, "double": 8, "int32_t": 4, "int64_t": 8, "bool": 1, "int": 4, "uint16_t": 2, "uint8_t": 1}
 
 
@@ -56,7 +59,7 @@ class CudaEmitter(CFamilyEmitter):
     tensor_cores = True
 
     def __init__(self, program: TileProgram, target: Target):
-        partitioned, self.nests = partition(simplify_tiles(program))
+        partitioned, self.nests = partition(inline_products(skip_masked_tiles(simplify_tiles(program))))
         super().__init__(partitioned)
         self.target = target
         self.warp = target.warp_size
@@ -69,6 +72,10 @@ class CudaEmitter(CFamilyEmitter):
         self.threads = DEFAULT_WARPS * self.warp
         self.scratch = 0
         self.peak = 0
+        self.pitches: dict[str, int] = {}
+        self.overrides: dict[Expr, str] = {}
+        """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
+        """Row pitch (elements) of the shared temporaries whose rows are padded."""
 
     # ------------------------------------------------------------ table of differences
     def kernel_qualifiers(self, threads: int) -> str:
@@ -88,6 +95,19 @@ class CudaEmitter(CFamilyEmitter):
         super().close()
         self.memo.pop()
 
+    def worth_hoisting(self, e: Expr) -> bool:
+        """Only costly operands: hoisting costs a pass through shared memory and a barrier.
+
+        A math function or a division is computed once per element of its own axes; index
+        arithmetic, comparisons and selects are cheaper to recompute than to share.
+        """
+        from polyfuse.tiling.htile import walk_tile_expr
+
+        return super().worth_hoisting(e) and any(
+            (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
+            or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow"))
+            for n in walk_tile_expr(e))
+
     def element_loop(self, header: str) -> None:
         """A loop over the elements a thread handles; unrolled by 4 so their loads are in flight together."""
         self.line("#pragma unroll 4")
@@ -95,6 +115,16 @@ class CudaEmitter(CFamilyEmitter):
 
     def barrier(self) -> None:
         self.line("__syncthreads();")
+
+    def offset(self, tensor, idx: list[str]) -> str:
+        """Row-major offset; 32-bit arithmetic for a block's shared temporaries (they are small)."""
+        if tensor.name not in self.shared_names or not idx:
+            return super().offset(tensor, idx)
+        text = f"({idx[0]})"
+        padded, pitch = self.pitches.get(tensor.name, (None, None))
+        for d, (dim, i) in enumerate(zip(tensor.shape[1:], idx[1:], strict=True), start=1):
+            text = f"({text} * {pitch if d == padded else self.scalar(dim, {})} + {i})"
+        return text
 
     # ------------------------------------------------------------ shared-memory scratch
     def take(self, nbytes: int) -> int:
@@ -187,7 +217,7 @@ class CudaEmitter(CFamilyEmitter):
             self.close()
             return
         self.element_loop(f"for ({flat.replace('pf_e', 'pf_g')}; pf_g < {total // vec}; pf_g += {step})")
-        self.line(f"const int64_t pf_e = pf_g * {vec};")
+        self.line(f"const {flat.split()[0]} pf_e = pf_g * {vec};")
         env = self.decode(axes, "pf_e")
         self.load_lanes(loads, env, vec)
         if not as_vector:
@@ -210,6 +240,8 @@ class CudaEmitter(CFamilyEmitter):
 
     # ------------------------------------------------------------ expressions (map kernels compute inline)
     def scalar(self, e: Expr, env: dict[str, str]) -> str:
+        if e in self.overrides:
+            return self.overrides[e]
         if self.lane is not None and isinstance(e, TileLoad) and e in self.lane_arrays:
             return self.from_storage(f"{self.lane_arrays[e]}[{self.lane}]", e.tensor.dtype)
         if self.inline and isinstance(e, (Reduce, Dot)):
@@ -265,14 +297,19 @@ class CudaEmitter(CFamilyEmitter):
         mark = self.scratch
         self.line(f"// {s.block}")
         self.open("")
+        axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
+        if self.dot_in_place(s, axes):
+            self.close()
+            self.barrier()
+            self.scratch = mark
+            return
         for e in [s.value] + ([s.mask] if s.mask is not None else []):
             self.materialize_within(e)
-        axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
         if self.reads_other_elements(s):
             self.materialize(s.value)
         if axes:
             total = math.prod(self.sizes[a] for a in axes)
-            self.store_elements(s, axes, "int64_t pf_e = pf_tid", str(self.threads), total)
+            self.store_elements(s, axes, "int pf_e = pf_tid", str(self.threads), total)
         else:
             self.open("if (pf_tid == 0)")
             self.assign(s, {})
@@ -282,25 +319,69 @@ class CudaEmitter(CFamilyEmitter):
         self.scratch = mark
         self.materialized = {}
 
+    def dot_in_place(self, s: TileStore, axes: tuple[str, ...]) -> bool:
+        """A statement computed in the epilogue of its tensor-core dot, written in place.
+
+        Applies when the value holds one dot over exactly the statement's axes, under elementwise
+        operations only (a select against masked rows, a scale): each thread evaluates the value
+        for the result elements it holds in registers and stores it, so neither the dot's result
+        array nor a second pass over it exists.  The store's own reads happen in the thread that
+        writes the element, after the operands are staged, so this is safe unless the value reads
+        the temporary at other elements.
+        """
+        from polyfuse.emit_cpp.mma import emit_dot_into, mma_type
+        from polyfuse.tiling.htile import walk_tile_expr
+
+        dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
+        if (len(dots) != 1 or s.mask is not None or s.reducer is not None
+                or s.tensor.name not in self.shared_names or set(axes) != set(axes_of(dots[0]))
+                or mma_type(self, dots[0]) is None or not _elementwise_path(s.value, dots[0])):
+            return False
+        e = dots[0]
+        self.materialized[e] = _Materialized("", ())  # a placeholder: the dot is not materialized
+        try:
+            if self.reads_other_elements(s) or any(
+                    isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
+                    for n in walk_tile_expr(e.acc)):
+                return False
+            self.materialize_within(s.value)
+        finally:
+            del self.materialized[e]
+
+        def write(env: dict[str, str], value: str) -> None:
+            self.line(f"const {self.ctype(e.dtype)} pf_d = {value};")
+            self.overrides[e] = "pf_d"
+            result = self.convert(self.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
+            del self.overrides[e]
+            self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
+
+        emit_dot_into(self, e, write)
+        return True
+
     def materialize(self, e: Expr) -> None:
         axes = axes_of(e)
         size = math.prod(self.sizes[a] for a in axes)
         name = self.fresh()
         ct = self.ctype(e.dtype)  # an "or" reduction is stored as bool (its accumulator is an int)
-        self.shared_array(ct, name, size * _SIZEOF[ct])
+        pitch = None
         if isinstance(e, Dot):
-            from polyfuse.emit_cpp.mma import emit_dot
+            from polyfuse.emit_cpp.mma import dot_pitch, emit_dot
 
-            emit_dot(self, e, name, axes)
-        elif isinstance(e, Reduce):
-            self.block_reduce(e, name, axes)
+            pitch = dot_pitch(self, e, axes)
+            rows = size // self.sizes[axes[-1]] if pitch else 1
+            self.shared_array(ct, name, (rows * pitch if pitch else size) * _SIZEOF[ct])
+            emit_dot(self, e, name, axes, pitch)
         else:
+            self.shared_array(ct, name, size * _SIZEOF[ct])
+        if isinstance(e, Reduce):
+            self.block_reduce(e, name, axes)
+        elif not isinstance(e, Dot):
             self.element_loop(f"for (int pf_e = pf_tid; pf_e < {size}; pf_e += {self.threads})")
             env = self.decode(axes, "pf_e")
             self.line(f"{name}[pf_e] = {self.scalar(e, env)};")
             self.close()
         self.barrier()
-        self.materialized[e] = _Materialized(name, axes)
+        self.materialized[e] = _Materialized(name, axes, pitch)
 
     def shuffle_combine(self, op: str, acc: str, ct: str, lanes: int) -> None:
         """Combine ``acc`` across groups of ``lanes`` lanes (a butterfly of xor shuffles).
@@ -405,6 +486,14 @@ class CudaEmitter(CFamilyEmitter):
             if size is None:
                 raise UnsupportedPattern(f"temporary {t!r} lives in shared memory per block but its shape "
                                          f"{list(map(str, tensor.shape))} is not static; give it a constant shape")
+            dims = [int(d.value) for d in tensor.shape]
+            inner = max((d for d, n in enumerate(dims) if n > 1), default=0)
+            if inner > 0 and dims[inner] % 32 == 0 and size > dims[inner]:
+                # Rows 8 words apart in the banks: the row reductions and the tensor-core epilogues
+                # that touch several rows at once hit different banks.  (Trailing axes of size 1
+                # are indexed by 0, so the last axis longer than 1 gets the padding.)
+                self.pitches[t] = (inner, dims[inner] + 8)
+                size = size // dims[inner] * (dims[inner] + 8)
             self.shared_array(self.stype(tensor.dtype), t, size * _SIZEOF[self.stype(tensor.dtype)])
         words = self.scratch // 4
         if words:
@@ -462,6 +551,17 @@ class CudaEmitter(CFamilyEmitter):
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
+
+
+def _elementwise_path(root: Expr, target: Expr) -> bool:
+    """Whether ``target`` is reached from ``root`` through elementwise nodes only (no reduction)."""
+    from polyfuse.tiling.htile import tile_children
+
+    if root is target or root == target:
+        return True
+    if isinstance(root, (Reduce, Dot)):
+        return False
+    return any(_elementwise_path(c, target) for c in tile_children(root))
 
 
 def _align(n: int) -> int:

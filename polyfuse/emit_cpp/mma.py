@@ -8,8 +8,13 @@ A dot ``out[m.., n..] = acc + Σ_k a[m.., k]·b[k, n..]`` goes to tensor cores w
    P in P·V) is split into two 16-bit parts, ``hi = round(x)`` and ``lo = round(x - hi)``, and
    multiplied twice: ``x·y = hi·y + lo·y`` with 22 (f16) or 16 (bf16) significant bits of ``x``
    instead of 11 or 8, so the product keeps the accuracy the f32 program has at the tolerance of
-   the catalog (rounding P to f16 alone, as FlashAttention does, costs 2⁻¹¹ relative and fails it);
-3. ``a`` and ``b`` share no axis but ``k`` (no batch axes).
+   the catalog (rounding P to f16 alone, as FlashAttention does, costs 2⁻¹¹ relative and fails it).
+   Two f32 operands (quant_gemm, moe_routing's gate, performer) are both split into bf16 parts
+   (f32's exponent range) and multiplied three times, ``hi·hi + lo·hi + hi·lo``: about 2⁻¹⁶
+   relative per product (the dropped ``lo·lo`` and the rest below 16 bits), against 2⁻²⁴ in f32,
+   which the catalog tolerances of these operators (sums over K terms) absorb with margin;
+3. ``a`` and ``b`` share no axis but ``k`` (no batch axes).  A dot of two f32 operands with fewer
+   than ``threads / REDUCE_LANES`` outputs (a row's sum of squares) is a block reduction instead.
 
 The operands are staged in shared memory as 16-bit values, padded to M×K multiples of 16 and N
 of 8 with zeros, each in the layout that keeps its global reads coalesced: ``[m][k]`` or
@@ -19,20 +24,22 @@ by 8 elements so that the eight rows one ``ldmatrix`` reads fall in different ba
 owns a 16-row strip and up to eight 8-column tiles of the output, whose accumulators stay in
 registers across the k loop; the epilogue adds ``acc`` and writes the block's result array.
 
-Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs.
+Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs, except
+those with few outputs and a long ``k``, which are block reductions of the products.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import axis_var
 from polyfuse.emit_cpp.vector import aligned
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import Cast, Const, Expr, Select
-from polyfuse.tiling.htile import Broadcast, Dot, Permute, Slice, TileLoad, axes_of, depends_on, walk_tile_expr
+from polyfuse.ir.expr import BinOp, Cast, Const, Expr, Select
+from polyfuse.tiling.htile import Broadcast, Dot, Permute, Reduce, Slice, TileLoad, axes_of, depends_on, walk_tile_expr
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -40,6 +47,9 @@ if TYPE_CHECKING:
 LOW = {"f16": "f16", "bf16": "bf16"}
 VEC16 = 8
 """16-bit values per 128-bit copy."""
+REDUCE_LANES = 8
+"""A non-tensor-core dot with at least this many threads per output and this long a ``k`` runs as a
+block reduction (:func:`_reduce_dot`) instead of staging its operands for per-output FMA loops."""
 
 
 def exact_low(x: Expr) -> DType | None:
@@ -83,15 +93,53 @@ def mma_type(em: CudaEmitter, e: Dot) -> DType | None:
     ta, tb = exact_low(e.a), exact_low(e.b)
     if ta is not None and tb is not None and ta != tb:
         return None
+    if ta is None and tb is None:
+        # Two f32 operands: both split into bf16 hi + lo (f32's range; f16's would overflow past
+        # 65504), three products hi·hi + lo·hi + hi·lo; a block reduction if there are few outputs.
+        if _few_outputs(em, e):
+            return None
+        return dt.bf16 if e.a.dtype == dt.f32 and e.b.dtype == dt.f32 else None
     return ta or tb
 
 
-def emit_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
+def _few_outputs(em: CudaEmitter, e: Dot) -> bool:
+    """Whether ``e`` has so few outputs for its ``k`` that a block reduction suits it (:func:`_reduce_dot`)."""
+    k = e.axis
+    m_axes = [x for x in axes_of(e.a) if x != k]
+    n_axes = [x for x in axes_of(e.b) if x != k and x not in m_axes]
+    outputs = math.prod(em.sizes[x] for x in m_axes + n_axes)
+    return outputs * REDUCE_LANES <= em.threads and em.sizes[k] >= REDUCE_LANES
+
+
+def dot_pitch(em: CudaEmitter, e: Dot, axes: tuple[str, ...]) -> int | None:
+    """The row pitch of a tensor-core dot's result array, or None for a dense array.
+
+    The epilogue writes pairs of f32 from eight rows at once; rows ``pitch ≡ 8 (mod 32)`` words
+    apart put each half-warp's pairs in 32 different banks (a pitch of ``n`` would give 8-way
+    conflicts when ``n`` is a multiple of 32).
+    """
+    if mma_type(em, e) is None:
+        return None
+    n_axes = tuple(x for x in axes_of(e.b) if x != e.axis)
+    if len(n_axes) != 1 or len(axes) < 2 or axes[-1] != n_axes[0] or em.sizes[axes[-1]] % 2:
+        return None
+    nn = em.sizes[axes[-1]]
+    return nn + (8 - nn) % 32
+
+
+def emit_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...], pitch: int | None = None) -> None:
     low = mma_type(em, e)
     if low is None:
         _fma_dot(em, e, name, axes)
     else:
-        _mma_dot(em, e, name, low)
+        _mma_dot(em, e, name, low, pitch)
+
+
+def emit_dot_into(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None]) -> None:
+    """A tensor-core dot whose epilogue hands each result (f32 text) to ``write(env, value)``."""
+    low = mma_type(em, e)
+    assert low is not None
+    _mma_dot(em, e, None, low, None, write)
 
 
 def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
@@ -107,6 +155,9 @@ def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
     kk = em.sizes[k]
     mm = math.prod(em.sizes[x] for x in m_axes)
     nn = math.prod(em.sizes[x] for x in n_axes)
+    if _few_outputs(em, e):
+        _reduce_dot(em, e, name, axes)
+        return
     sa, sb = em.fresh("fa"), em.fresh("fb")
     em.shared_array(ct, sa, mm * kk * size)
     em.shared_array(ct, sb, kk * nn * size)
@@ -124,6 +175,29 @@ def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
     env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
     em.line(f"{name}[pf_e] = {em.rounded(f'({em.scalar(e.acc, env)} + pf_s)', e.dtype)};")
     em.close()
+
+
+def _reduce_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
+    """A dot with few outputs and a long ``k`` (a row's sum of squares): a block reduction of ``a·b``.
+
+    Each output gets a group of threads that reads its ``k`` slice directly (vector loads where
+    aligned), then shuffles and, past a warp, shared memory combine the partial sums.
+    """
+    product = BinOp("*", _as(e.a, e.dtype), _as(e.b, e.dtype))
+    partial = em.fresh("sum")
+    size = math.prod(em.sizes[a] for a in axes)
+    ct = em.ctype(e.dtype)
+    em.shared_array(ct, partial, size * (8 if ct == "double" else 4))
+    em.block_reduce(Reduce("sum", product, e.axis), partial, axes)
+    em.barrier()
+    em.element_loop(f"for (int pf_e = pf_tid; pf_e < {size}; pf_e += {em.threads})")
+    env = em.decode(axes, "pf_e")
+    em.line(f"{name}[pf_e] = {em.rounded(f'({em.scalar(e.acc, env)} + {partial}[pf_e])', e.dtype)};")
+    em.close()
+
+
+def _as(x: Expr, d: DType) -> Expr:
+    return x if x.dtype == d else Cast(d, x)
 
 
 def _batched_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
@@ -144,7 +218,8 @@ def _batched_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> N
     em.close()
 
 
-def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
+def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
+             write: Callable[[dict[str, str], str], None] | None = None) -> None:
     k = e.axis
     m_axes = tuple(x for x in axes_of(e.a) if x != k)
     n_axes = tuple(x for x in axes_of(e.b) if x != k)
@@ -228,13 +303,31 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str, low: DType) -> None:
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line("#pragma unroll")
-    em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
-    em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + (pf_q / 2) * 8;")
-    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_q % 2;")
-    em.open(f"if (pf_m < {mm} && pf_n < {nn})")
-    env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
-    total = em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype)
-    em.line(f"{name}[pf_m * {nn} + pf_n] = {total};")
+    if write is not None:
+        em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
+        em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + (pf_q / 2) * 8;")
+        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_q % 2;")
+        em.open(f"if (pf_m < {mm} && pf_n < {nn})")
+        env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
+        write(env, em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype))
+    elif pitch is not None:
+        # Pairs of neighbouring columns (nn is even, so both or neither exist) as one 8-byte store.
+        em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
+        em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + pf_h * 8;")
+        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2;")
+        em.open(f"if (pf_m < {mm} && pf_n < {nn})")
+        rows = em.decode(m_axes, "pf_m")
+        pair = [em.rounded(f"({em.scalar(e.acc, {**rows, n_axes[0]: col})} + pf_c[pf_nb][pf_h * 2 + {d}])", e.dtype)
+                for d, col in enumerate(("pf_n", "(pf_n + 1)"))]
+        em.line(f"*reinterpret_cast<float2*>(&{name}[pf_m * {pitch} + pf_n]) = make_float2({pair[0]}, {pair[1]});")
+    else:
+        em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
+        em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + (pf_q / 2) * 8;")
+        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_q % 2;")
+        em.open(f"if (pf_m < {mm} && pf_n < {nn})")
+        env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
+        total = em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype)
+        em.line(f"{name}[pf_m * {nn} + pf_n] = {total};")
     em.close()
     em.close()
     em.close()

@@ -120,21 +120,39 @@ def fold_div_mod(e: Expr, ranges: Mapping[str, int | None]) -> Expr:
             form = linear_form(inner)
         except NonAffineIndex:
             return None
-        q = {k: c // d for k, c in form.items() if k != 1 and c % d == 0}
-        r = {k: c for k, c in form.items() if k == 1 or c % d != 0}
-        low = high = r.get(1, 0)
-        for k, c in r.items():
-            if k == 1:
-                continue
-            if not isinstance(k, str) or ranges.get(k) is None:
-                return None
-            top = c * (ranges[k] - 1)  # type: ignore[operator]
-            low, high = low + min(0, top), high + max(0, top)
-        if low < 0 or high >= d:
-            return None
-        return from_linear_form(r if n.op == "%" else q, n.dtype)
+        q, r = _split_form(form, d)
+        if _within(r, d, ranges):
+            return from_linear_form(r if n.op == "%" else q, n.dtype)
+        if n.op == "//":
+            # ``(a·q + r) // d`` -> ``q // (d/a)`` for a divisor a of d and ``0 <= r < a``: the heads of a
+            # GQA group, ``(h_0·2 + h_1) // 4`` with ``h_1 < 2``, are ``h_0 // 2``.
+            for a in (a for a in range(d // 2, 1, -1) if d % a == 0):
+                q, r = _split_form(form, a)
+                if set(r) - {1} and _within(r, a, ranges):
+                    return BinOp("//", from_linear_form(q, n.dtype), Const(d // a, n.dtype))
+        return None
 
     return map_expr(e, fold)
+
+
+def _split_form(form: dict[Atom, int], d: int) -> tuple[dict[Atom, int], dict[Atom, int]]:
+    """``form = d·q + r``: q from the terms whose coefficient d divides, r the others and the constant."""
+    q = {k: c // d for k, c in form.items() if k != 1 and c % d == 0}
+    r = {k: c for k, c in form.items() if k == 1 or c % d != 0}
+    return q, r
+
+
+def _within(r: dict[Atom, int], d: int, ranges: Mapping[str, int | None]) -> bool:
+    """True if ``0 <= r < d`` over the loop ranges."""
+    low = high = r.get(1, 0)
+    for k, c in r.items():
+        if k == 1:
+            continue
+        if not isinstance(k, str) or ranges.get(k) is None:
+            return False
+        top = c * (ranges[k] - 1)  # type: ignore[operator]
+        low, high = low + min(0, top), high + max(0, top)
+    return low >= 0 and high < d
 
 
 def from_linear_form(form: dict, dtype) -> Expr:

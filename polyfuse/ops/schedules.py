@@ -11,20 +11,28 @@ temporaries to what one iteration uses (no S×S score matrix remains in fused
 attention).
 
 GPU targets (``target="cuda"`` or ``"hip"``) get the same fusions with GPU-sized tiles:
-32×64 query/key tiles for prefill (one thread block per query tile), 128-key splits for decode
-(one block per split, then a combine kernel), and for the other operators a rolling loop over
-tiles of ``GPU_ROW_TILE`` elements instead of single elements, with the elementwise consumers of
+32×64 query/key tiles for prefill (one thread block per query tile); for decode one block per
+(batch, group of query heads sharing a kv head, key split), rolling over tiles of the split, then a
+combine kernel (:func:`_attention_decode_gpu`, sizes from :func:`gpu_decode_tiling`); and for the
+other operators a rolling loop over tiles of ``GPU_ROW_TILE`` elements instead of single elements,
+with the elementwise consumers of
 the fused results moved into the same per-row loop (one block per row, one pass over memory for
-the statistics and one for the output).  Where no repair exists (``quant_gemm_fp8``) the fusion step raises
-``NoRepairFound`` with the failing condition, and nothing is mis-compiled.
+the statistics and one for the output).  Operators with a GEMM get plans of their own (``_with_gpu``):
+``quant_gemm`` and ``moe_routing`` one thread block per output tile, the GEMM a product of tiles rolled over
+k tiles (``GPU_GEMM_TILE``, ``GPU_GATE_TILE``); ``performer`` its four fusions over tiles of keys and of
+features (``GPU_PERFORMER_TILE``); ``inertia``, whose chain cannot roll over tiles, split-k over tiles of
+points.  Where no repair exists (``quant_gemm_fp8``) the fusion step raises ``NoRepairFound`` with the
+failing condition, and nothing is mis-compiled.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from polyfuse.errors import PolyfuseError
-from polyfuse.ir.stmt import Program
+from polyfuse.ir.stmt import Program, Tensor
+from polyfuse.ir.visit import loads
 from polyfuse.transforms.schedule import Schedule
 
 PREFILL_TILE = (16, 16)
@@ -36,10 +44,44 @@ GPU_PREFILL_TILE = (32, 64)
 
 Measured on the H200 (causal, S=4096, d=128, 8 warps): 32×64 11.9 ms, 16×64 12.3, 64×64 16.8,
 32×32 14.4, 32×128 14.0."""
-GPU_DECODE_SPLIT = 128
-"""Keys per split (one thread block each) of fused decode attention on GPUs."""
-GPU_ROW_TILE = 1024
-"""Elements per step of the rolling loop of the row reductions on GPUs."""
+GPU_DECODE_HEADS = 16
+"""Most query heads per thread block of fused decode attention on GPUs (the M of its tile products).
+
+The query heads that share a kv head form the rows of the block's tile, so the block reads each key
+and value once for all of them.  16 fills one m16n8k16 tensor-core row tile.  With MLA's qk dim 576 and
+64-key tiles the generated partial kernel needs about 110 KB of shared memory with 16 heads and 150 KB
+with 32; with 64 heads the combine kernel (64 rows of 512 partial sums) exceeds the 227 KB limit."""
+GPU_DECODE_TILE = 128
+"""Keys per step of the rolling loop inside one split (the N of the score product, the K of the value
+product), before the shared-memory budget below shrinks it."""
+GPU_DECODE_TILE_BYTES = 80 * 1024
+"""Shared memory for the f16 key tile (keys × (qk dim + 8 padding) × 2 bytes): the tile halves until it fits
+(MLA, qk dim 576: 64 keys; qk dim 128: 128 keys)."""
+GPU_DECODE_BLOCKS = 1056
+"""Thread blocks the split rule aims at for the partial kernel: eight per SM of the H200 (132 SMs), so that
+enough key tiles stream at once; ``GPU_DECODE_MIN_SPLIT`` bounds the splits from above.  Measured on the
+H200 (partials and combine included): MHA causal B=1 H=32 Skv=32768 0.312 ms with 264 blocks (9 splits),
+0.192 with 1056 (32); MHA global B=1 H=16 0.100 → 0.077; but MLA 0.427 → 1.08 and GQA 0.103 → 0.180 when
+the same target cuts their splits to 256 keys, which the minimum below prevents."""
+GPU_DECODE_MIN_SPLIT = 1024
+"""Fewest keys per split when the keys are split (the combine reads one partial result per split: below
+about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
+GPU_ROW_TILE = 4096
+"""Elements per step of the rolling loop of the row reductions on GPUs (``_fit`` halves it until the
+row spans two steps).  Measured on the H200 (rmsnorm_amax 4096×8192 f32): 1024 0.127 ms, 2048 0.104,
+4096 0.086; softmax 4096×4096: 1024 0.055, 2048 0.048."""
+GPU_GEMM_TILE = (64, 64, 64)
+"""Rows × columns of C per thread block of quant_gemm on GPUs, and the k elements per step of its rolling loop.
+Measured on the H200 (M = K = N = 4096, f32 operands on tensor cores as bf16 hi + lo): 64×64×32 7.94 ms,
+64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46."""
+GPU_GATE_TILE = (16, 128)
+"""Token rows per thread block of moe_routing on GPUs (every expert column: E is small), and the hidden
+elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
+64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy)."""
+GPU_PERFORMER_TILE = (64, 64, 64)
+"""performer on GPUs: key rows per step of the key-side rolling loop (one block per head: k'ᵀv, F×D = 64 KB
+at F = 256, D = 64, stays in the block), query rows per block and features per step of the query side.
+Measured on the H200 (B = 1, H = 8, L = 4096): 32/64/64 3.22 ms, 64/64/64 2.34, 32/128/64 3.32, 32/64/128 3.28."""
 GPU_TARGETS = ("cuda", "hip")
 
 _Plan = Callable[[Schedule], None]
@@ -60,6 +102,105 @@ def _attention_decode(sch: Schedule, split: list[int | None] | None = None) -> N
     sch.reverse_compute_at("score", j0)
     for block in ("row_sum", "pv"):
         sch.split_k_update(block, j0)
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """How fused decode attention is cut into thread blocks on a GPU (see :func:`gpu_decode_tiling`).
+
+    ``heads`` query heads sharing one kv head (a divisor of the group Hq/Hkv) are the rows of every tile;
+    a block reduces ``split`` keys (a multiple of ``tile``) in steps of ``tile`` keys.  ``splits == 1``
+    needs no combine: the block rolls over all the keys.
+    """
+
+    heads: int
+    tile: int
+    split: int
+
+    def splits(self, keys: int) -> int:
+        return -(-keys // self.split)
+
+
+def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int) -> DecodeTiling:
+    """The GPU decode tiling of one attention instance; every constant it uses is a module constant.
+
+    1. heads per block: the largest divisor of the group ``q_heads // kv_heads`` up to ``GPU_DECODE_HEADS``
+       (a divisor, so that a block's heads share one kv head: 8 for attn_gqa, 2 for attn_softcap, 16 of
+       MLA's 128, 1 for MHA);
+    2. tile: ``GPU_DECODE_TILE`` keys, halved (down to 16) while the f16 key tile exceeds
+       ``GPU_DECODE_TILE_BYTES`` and while the keys do not span two tiles (small test sizes);
+    3. split: the (batch, kv head, head group) units in parallel are multiplied by the fewest splits that
+       give ``GPU_DECODE_BLOCKS`` blocks (never more splits than tiles, nor splits of fewer than
+       ``GPU_DECODE_MIN_SPLIT`` keys); the keys are shared evenly and
+       the split rounded up to whole tiles.  A split of many tiles rolls over them inside its block, so
+       its partial results (one per split, written and read again by the combine) stay few: at MLA's
+       B=1 H=128 Skv=32768, 32 splits of 1024 keys instead of 256 of 128 (pv partials of 8 MB, not 67 MB);
+       for B=32 H=64 Skv=4096 the 2048 units need no split at all.
+    """
+    group = q_heads // kv_heads
+    heads = max(d for d in range(1, min(group, GPU_DECODE_HEADS) + 1) if group % d == 0)
+    tile = GPU_DECODE_TILE
+    while tile > 16 and tile * (qk_dim + 8) * 2 > GPU_DECODE_TILE_BYTES:
+        tile //= 2
+    tile = _fit(tile, keys)
+    units = batch * kv_heads * (group // heads)
+    splits = max(1, min(-(-GPU_DECODE_BLOCKS // units), -(-keys // tile), keys // GPU_DECODE_MIN_SPLIT))
+    split = -(-keys // splits)
+    return DecodeTiling(heads, tile, -(-split // tile) * tile)
+
+
+def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None) -> None:
+    """Decode attention with the query heads of one kv head as the rows of each tile (FlashDecoding).
+
+    Loops of ``qk`` (``b, h, i, j, d``) after the steps, outermost first: ``b, i``, the head groups
+    ``h_0`` (``h`` split by ``[None, heads]``: group ``h_0`` reads kv head ``h_0 // (Hq/Hkv/heads)``), the
+    split ``j_0``, the rolling step ``j_1``, the heads of the block ``h_1``, the keys of the step ``j_2``,
+    ``d`` (``split(j, [None, steps, tile])``; a loop that would have one iteration is left out).  The grid
+    is (b, i, head group, split): ``split_k_update`` makes each split's partial results (pv's with the
+    split before dv, so that a block's rows are contiguous) and the combine, then ``rolling_update`` rolls
+    the partials over the steps of a split, one tile of ``heads × tile`` scores at a time; ``out`` joins
+    the combine.  With one split there is no combine: the block rolls over all the keys.  ``tiling``
+    overrides :func:`gpu_decode_tiling`.
+    """
+    q, kv = sch.program.tensor("q"), _kv_tensor(sch.program)
+    batch, q_heads, _, qk_dim = (int(x.value) for x in q.shape)
+    kv_heads, keys = int(kv.shape[1].value), int(kv.shape[2].value)
+    t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim)
+    if (q_heads // kv_heads) % t.heads or t.split % t.tile:
+        raise PolyfuseError(f"decode tiling {t}: the heads per block must divide the {q_heads // kv_heads} query "
+                            "heads of a kv head, and the tile the split")
+    _, h, i, j, _ = sch.get_loops("qk")
+    if t.heads == 1:
+        grid, rows = [h], []
+    elif t.heads == q_heads:
+        grid, rows = [], [h]
+    else:
+        group, row = sch.split(h, [None, t.heads])
+        grid, rows = [group], [row]
+    splits, steps = t.splits(keys), t.split // t.tile
+    split = step = None
+    if splits == 1:
+        step, keys_in_tile = sch.split(j, [None, t.tile])
+    elif steps == 1:
+        split, keys_in_tile = sch.split(j, [None, t.tile])
+    else:
+        split, step, keys_in_tile = sch.split(j, [None, steps, t.tile])
+    sch.reorder([x for x in (i, *grid, split, step, *rows, keys_in_tile) if x is not None])
+    if split is not None:
+        sch.reverse_compute_at("score", split)
+        sch.split_k_update("row_sum", split)
+        # The split before dv: a block's partial pv rows, updated at every step, are contiguous.
+        sch.split_k_update("pv", split, factor_axis=len(sch.program.tensor("pv").shape) - 1)
+    if step is not None:
+        sch.reverse_compute_at("score", step)
+        for block in ("row_max", "row_sum", "pv") if split is None else ("row_max_rf", "row_sum_rf", "pv_rf"):
+            sch.rolling_update(block, step)
+    sch.reverse_compute_at("out", (grid or [i])[-1])
+
+
+def _kv_tensor(program: Program) -> Tensor:
+    """The key cache ``qk`` reads besides ``q`` (``k``, or MLA's ``kv``)."""
+    return next(ld.tensor for ld in loads(program.block("qk").store.value) if ld.tensor.name in ("k", "kv"))
 
 
 def _rolling(consumers: tuple[str, ...], producer: str, loop: str) -> _Plan:
@@ -124,6 +265,85 @@ def _performer(sch: Schedule) -> None:
         sch.rolling_update(c, sch.loop("s_qmax", "f"))
 
 
+def _quant_gemm_gpu(sch: Schedule) -> None:
+    """One thread block per (row tile, column tile) of C, rolling over k tiles (RedFuser §3.4 on a GEMM tiling).
+
+    Every block recomputes the amax of its rows (``recompute_at``: each column tile needs them) over the
+    same k tiles as its product, so the A tile it loads feeds both; the product of the scaled A tile and the
+    W tile is repaired with ``h = t·r/r'`` once per k tile.  C accumulates in a per-block buffer written
+    back once, after the last k tile.
+    """
+    rows, cols, step = GPU_GEMM_TILE
+    write_back = sch.cache_write("s_gemm", "shared")
+    i, n, _ = sch.get_loops("s_gemm")
+    _, n0, _, _ = sch.tile([i, n], [_fit(rows, _extent(sch, i)), _fit(cols, _extent(sch, n))])
+    sch.recompute_at("s_amax", n0)
+    _, _, row, k = sch.get_loops("s_amax")
+    k0, k1 = sch.split(k, [None, _fit(step, _extent(sch, k))], names=["k_0", "k_1"])
+    sch.reorder([k0, row, k1])
+    sch.rolling_update("s_gemm", k0)
+    sch.reverse_compute_at(write_back, n0)
+
+
+def _moe_routing_gpu(sch: Schedule) -> None:
+    """One thread block per tile of token rows: the gate product ``z = x·w`` as a product of tiles per step
+    over the hidden dimension (partials added into z), then the softmax statistics, the top-k and the
+    probabilities in the same block, from z, which never leaves it (E is small: the block holds every
+    expert).  With the whole row of z at hand the max and the exp-sum are two passes over it in the block,
+    so they need no repair."""
+    rows, step = GPU_GATE_TILE
+    s, e, h = sch.get_loops("s_gate")
+    s0, s1 = sch.split(s, [None, _fit(rows, _extent(sch, s))])
+    h0, h1 = sch.split(h, [None, _fit(step, _extent(sch, h))])
+    sch.reorder([h0, s1, e, h1])
+    partial = sch.rfactor(h0)
+    sch.reverse_compute_at("s_gate", sch.loop(partial, h0.name))
+    sch.compute_inline("s_exp")
+    for block in ("s_max", "s_sum", "s_rank", "s_topv", "s_topi", "s_probs"):
+        sch.reverse_compute_at(block, s0)
+
+
+def _inertia_gpu(sch: Schedule) -> None:
+    """Split-k over tiles of ``GPU_ROW_TILE`` points: each split reduces the mass, the centre and the inertia
+    state of its tile (the inertia about the split's own centre), and the combines repair them to the
+    row's (``c``: t·M/M'; the inertia: the auxiliary sums re-centre it).  The rolling plan cannot tile
+    here: ``s_inertia`` would roll over tiles of a centre that exists only per tile."""
+    n = sch.loop("s_mass", "n")
+    n0, _ = sch.split(n, [None, _fit(GPU_ROW_TILE, _extent(sch, n))])
+    for block in ("s_center", "s_inertia"):
+        sch.split_k_update(block, n0)
+
+
+def _performer_gpu(sch: Schedule) -> None:
+    """The fusions of :func:`_performer` over tiles (``GPU_PERFORMER_TILE``), their GEMMs as products of tiles.
+
+    Keys: one block per head rolls over tiles of key rows; each step computes its tile of k·Pᵀ and ‖k‖²
+    (``compute_at``), updates the global max over the tile, and adds k'ᵀ·v and Σ k' of the tile, repaired
+    with ``h = t·exp(r - r')``.  Queries: one block per tile of query rows rolls over tiles of features, like
+    attention prefill: a tile of q·Pᵀ per step, the row max, and q'·(k'ᵀv) and q'·Σk' repaired alike.
+    """
+    keys, rows, features = GPU_PERFORMER_TILE
+    i = sch.loop("s_kmax", "i")
+    i0, _ = sch.split(i, [None, _fit(keys, _extent(sch, i))])
+    for block in ("s_ksum", "s_context"):
+        sch.rolling_update(block, i0)
+    sch.compute_at("s_kdash", i0)
+    sch.compute_at("s_ksq", i0)
+    _, _, qi, qf = sch.get_loops("s_qmax")
+    q_rows, q_features, _, _ = sch.tile([qi, qf], [_fit(rows, _extent(sch, qi)), _fit(features, _extent(sch, qf))])
+    for block in ("s_denom", "s_numer"):
+        sch.rolling_update(block, q_features)
+    sch.compute_at("s_qdash", q_features)
+    sch.compute_at("s_qsq", q_rows)
+    sch.reverse_compute_at("s_out", q_rows)
+
+
+def _with_gpu(plan: _Plan, gpu: _Plan) -> _Plan:
+    """``plan``, with a plan of its own for GPU targets (used instead of the row tiling of ``_gpu_rolling``)."""
+    plan.gpu = gpu  # type: ignore[attr-defined]
+    return plan
+
+
 _PLANS: dict[tuple[str, str], _Plan] = {
     ("softmax_sum", "default"): _rolling(("s_sum",), "s_max", "j"),
     ("softmax", "default"): _rolling(("s_sum",), "s_max", "j"),
@@ -132,12 +352,12 @@ _PLANS: dict[tuple[str, str], _Plan] = {
     ("rmsnorm_amax", "default"): _rolling(("s_amax",), "s_ssq", "j"),
     ("sum_sum", "default"): _rolling(("s_scaled_dot",), "s_sumsq", "j"),
     ("variance", "default"): _rolling(("s_var",), "s_mean", "j"),
-    ("inertia", "default"): _rolling(("s_center", "s_inertia"), "s_mass", "n"),
+    ("inertia", "default"): _with_gpu(_rolling(("s_center", "s_inertia"), "s_mass", "n"), _inertia_gpu),
     ("layernorm_stats", "default"): _rolling(("s_var",), "s_mean", "j"),
-    ("moe_routing", "default"): _rolling(("s_sum",), "s_max", "j"),
-    ("quant_gemm", "default"): _rolling(("s_gemm",), "s_amax", "k"),
-    ("quant_gemm_fp8", "default"): _rolling(("s_gemm",), "s_amax", "k"),
-    ("performer", "default"): _performer,
+    ("moe_routing", "default"): _with_gpu(_rolling(("s_sum",), "s_max", "j"), _moe_routing_gpu),
+    ("quant_gemm", "default"): _with_gpu(_rolling(("s_gemm",), "s_amax", "k"), _quant_gemm_gpu),
+    ("quant_gemm_fp8", "default"): _with_gpu(_rolling(("s_gemm",), "s_amax", "k"), _quant_gemm_gpu),
+    ("performer", "default"): _with_gpu(_performer, _performer_gpu),
 }
 for _name in ("attn_global", "attn_causal", "attn_alibi", "attn_gqa", "attn_softcap", "attn_window",
               "attn_norm_inside"):
@@ -156,7 +376,9 @@ def _gpu_plan(sch: Schedule, plan: _Plan) -> None:
         tile = (_fit(GPU_PREFILL_TILE[0], _extent(sch, i)), _fit(GPU_PREFILL_TILE[1], _extent(sch, j)))
         _attention_prefill(sch, tile)
     elif plan is _attention_decode:
-        _attention_decode(sch, [None, _fit(GPU_DECODE_SPLIT, _extent(sch, sch.loop("qk", "j")))])
+        _attention_decode_gpu(sch)
+    elif hasattr(plan, "gpu"):
+        plan.gpu(sch)
     else:
         _gpu_rolling(sch, *plan.rolling)  # type: ignore[attr-defined]
 
@@ -170,13 +392,14 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
     if plan is None:
         raise PolyfuseError(f"operator {name!r} has no default schedule for mode {mode!r}")
     sch = Schedule(program)
-    if target in GPU_TARGETS and (plan in (_attention_prefill, _attention_decode) or hasattr(plan, "rolling")):
+    if target in GPU_TARGETS and (plan in (_attention_prefill, _attention_decode) or hasattr(plan, "rolling")
+                                  or hasattr(plan, "gpu")):
         try:
             _gpu_plan(sch, plan)
         except PolyfuseError:
             # The GPU tiling does not apply to this program (e.g. chained consumers that cannot
             # roll over tiles): fall back to the element-wise plan, which fuses the same way.
-            if plan in (_attention_prefill, _attention_decode):
+            if plan in (_attention_prefill, _attention_decode) or hasattr(plan, "gpu"):
                 raise
             sch = Schedule(program)
             plan(sch)

@@ -298,6 +298,11 @@ def _single_expr(pw: isl.PwAff, what: str) -> Expr:
     """``pw`` as one IR index expression (``a % d`` where ISL has ``a - d·floor(a/d)``), or _Skip."""
     pieces = pw.coalesce().get_pieces()
     affs = [aff for _, aff in pieces]
+    if affs and any(not a.plain_is_equal(affs[0]) for a in affs[1:]):
+        # Pieces written differently may still be one function: ISL splits ``j % 16`` of a nested split
+        # into pieces (``j``, ``j - 16``, …); keep the first piece that equals ``pw`` on its whole domain.
+        whole = [a for a in affs if isl.PwAff.from_aff(a).intersect_domain(pw.domain()).is_equal(pw)]
+        affs = whole[:1] or affs
     if not affs or any(not a.plain_is_equal(affs[0]) for a in affs[1:]):
         raise _Skip(f"{what} minus its offset is not one quasi-affine expression of the block's "
                     f"iteration variables: {pw}")
@@ -305,8 +310,13 @@ def _single_expr(pw: isl.PwAff, what: str) -> Expr:
 
 
 def _with_mods(e: Expr) -> Expr:
-    """Rewrite ``m·a - m·d·(a // d)`` inside a linear form as ``m·(a % d)``."""
-    form = linear_form(e)
+    """Rewrite ``m·a - m·d·(a // d)`` inside a linear form as ``m·(a % d)``, after writing each floor
+    with its simplest numerator (:func:`_simplest_floor`)."""
+    form: dict[Atom, int] = {}
+    for atom, c in linear_form(e).items():
+        for key, v in (_simplest_floor(atom) if isinstance(atom, BinOp) else {atom: 1}).items():
+            form[key] = form.get(key, 0) + c * v
+    form = {k: v for k, v in form.items() if v}
     floors = [a for a in form if isinstance(a, BinOp) and a.op == "//"]
     changed = False
     for atom in floors:
@@ -323,6 +333,32 @@ def _with_mods(e: Expr) -> Expr:
             rest[atom.a % d] = m
             form, changed = rest, True
     return _from_form(form) if changed else e
+
+
+def _simplest_floor(atom: BinOp) -> dict[Atom, int]:
+    """``⌊L/d⌋`` (``L = Σ a·x + b``) as a linear form around the simpler of its two equal floors.
+
+    With ``a = q·d - s`` (``0 <= s < d``) and ``b = qb·d + rb``, ``⌊L/d⌋ = Σ q·x + qb - ⌊(Σ s·x + d-1-rb)/d⌋``;
+    the usual form keeps ``⌊(Σ (a mod d)·x + rb)/d⌋``.  ISL writes ``⌊j/16⌋`` as ``j - ⌊(15j + 15)/16⌋``
+    when it eliminates the inner loops of a nested split; the first form gives back ``⌊j/16⌋``.
+    """
+    if atom.op != "//" or not isinstance(atom.b, Const):
+        return {atom: 1}
+    d = int(atom.b.value)
+    numerator = linear_form(atom.a)
+    terms = {k: a for k, a in numerator.items() if k != 1}
+    qb, rb = divmod(numerator.get(1, 0), d)
+    usual = sum(a % d for a in terms.values()) + rb
+    flipped = sum(-a % d for a in terms.values()) + d - 1 - rb
+    if flipped >= usual:
+        return {atom: 1}
+    inner = {k: -a % d for k, a in terms.items() if -a % d} | ({1: d - 1 - rb} if d - 1 - rb else {})
+    out: dict[Atom, int] = {k: -(-a // d) for k, a in terms.items() if -(-a // d)}
+    if qb:
+        out[1] = qb
+    if inner:
+        out[_from_form(inner) // d] = -1
+    return out
 
 
 def _from_form(form: dict[Atom, int]) -> Expr:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from polyfuse import deps
 from polyfuse.errors import IllegalTransform
+from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import Block, IterVar, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, seq
 from polyfuse.transforms.inline import compute_inline
@@ -204,7 +205,9 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     ``X_P[i]⟨j⟩``.  The consumer takes the bindings of an anchor producer (the first
     one whose reduce extents equal its own) for its reduce iterations, and for every
     spatial iteration that indexes the anchor's result the same way the anchor's
-    store does; other spatial iterations get loops of their own.  Returns the program
+    store does; other spatial iterations get loops of their own, in full, unless bound
+    through a loop that also encloses ``loop`` (they keep that binding, see
+    :func:`_kept_loops`).  Returns the program
     and the temporal dependences it breaks (anything else broken is refused).
     """
     from polyfuse.ir.expr import Var
@@ -232,7 +235,8 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     copies = sorted((x for x in inner if x.var.name in used), key=lambda x: order.index(x.var.name))
     taken = {x.var.name for x in _loops_inside(program, anchor.name, lp)} | {
         x.var.name for x in loops_of(program, anchor.name)}
-    own: list[Loop] = []
+    own, kept = _kept_loops(program, consumer, set(bindings), lp, taken)
+    bindings.update(kept)
     for iv in consumer.iters:
         if iv.var.name not in bindings:
             name = iv.var.name
@@ -258,6 +262,53 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     validate(program)
     info = deps.analyze(before, tensors=deps.tensors_of(before.block(block)))
     return program, deps.check_naive_fusion(info, program, what=what)
+
+
+def _kept_loops(program: Program, consumer: Block, aligned: set[str], loop: Loop,
+                taken: set[str]) -> tuple[list[Loop], dict[str, Expr]]:
+    """The consumer's own loops that keep binding a spatial iteration tied to a loop around ``loop``.
+
+    A spatial iteration the anchor does not bind, bound through a loop that also encloses the
+    rolling loop (a column tile ``n = 64·n_0 + n_1`` with ``n_0`` outside it, as after
+    ``recompute_at``), keeps its binding: enumerating it in full under every iteration of
+    ``n_0`` would run each of its instances once per iteration.  Its loops inside the shared
+    ones (``n_1``) move with it, if they bind nothing else.  Returns those loops (outermost
+    first, renamed where ``taken``) and the kept bindings.
+    """
+    from polyfuse.ir.expr import Var
+    from polyfuse.ir.simplify import simplify
+    from polyfuse.ir.visit import substitute
+
+    path = loops_of(program, consumer.name)
+    shared = {x.var.name for x in path if any(x is a for a in _enclosing(program, loop))}
+    inner = {x.var.name: x for x in path if x.var.name not in shared}
+    uses = {iv.var.name: free_vars(b) for iv, b in zip(consumer.iters, consumer.bindings, strict=True)}
+    moved: dict[str, Var] = {}
+    kept: dict[str, Expr] = {}
+    for iv, b in zip(consumer.iters, consumer.bindings, strict=True):
+        mine = uses[iv.var.name] - shared
+        if iv.is_reduce or iv.var.name in aligned or not uses[iv.var.name] & shared or not mine <= set(inner):
+            continue
+        if any(mine & used for other, used in uses.items() if other != iv.var.name):
+            continue
+        for v in mine:
+            name = v
+            while name in taken:
+                name += "_"
+            taken.add(name)
+            moved[v] = Var(name)
+        kept[iv.var.name] = simplify(substitute(b, {v: moved[v] for v in mine}))
+    order = [x.var.name for x in path]
+    loops = [Loop(moved[v], inner[v].extent, consumer) for v in sorted(moved, key=order.index)]
+    return loops, kept
+
+
+def _enclosing(program: Program, loop: Loop) -> list[Loop]:
+    """The loops around ``loop`` and ``loop`` itself, outermost first."""
+    for b in blocks_under(loop):
+        path = loops_of(program, b.name)
+        return path[:next(k for k, x in enumerate(path) if x is loop) + 1]
+    return [loop]
 
 
 def _anchor(program: Program, consumer: Block, producers: list[str], loop: str,

@@ -232,13 +232,22 @@ class Schedule:
                     lambda p: _bind(p, block=loop.block, loop=loop.name, thread=thread))
 
     # ------------------------------------------------------------ placement primitives
-    # (compute_at, reverse_compute_at, compute_inline, reverse_compute_inline, cache_read, cache_write, set_scope)
+    # (compute_at, recompute_at, reverse_compute_at, compute_inline, reverse_compute_inline, cache_read,
+    #  cache_write, set_scope)
     def compute_at(self, block: str, loop: LoopRef) -> None:
         """Move producer ``block`` under ``loop``, cut to the region one iteration reads (before its first reader)."""
         from polyfuse.transforms.compute_at import compute_at
 
         self._apply("compute_at", {"block": block, "loop": loop},
                     lambda p: compute_at(p, block=block, loop_block=loop.block, loop=loop.name))
+
+    def recompute_at(self, block: str, loop: LoopRef) -> None:
+        """Like ``compute_at``, with one copy of producer ``block`` per iteration that needs its region
+        (see :mod:`polyfuse.transforms.recompute`)."""
+        from polyfuse.transforms.recompute import recompute_at
+
+        self._apply("recompute_at", {"block": block, "loop": loop},
+                    lambda p: recompute_at(p, block=block, loop_block=loop.block, loop=loop.name))
 
     def reverse_compute_at(self, block: str, loop: LoopRef) -> None:
         """Move consumer ``block`` under ``loop``, cut to what one iteration produces (after its last producer)."""
@@ -332,18 +341,23 @@ class Schedule:
 
         return self._apply("rolling_update", args, run)
 
-    def split_k_update(self, block: str, loop: LoopRef, approximate: bool = False) -> str:
+    def split_k_update(self, block: str, loop: LoopRef, approximate: bool = False,
+                       factor_axis: int | None = None) -> str:
         """Fuse reduction ``block`` with its producers as partials over the split loop ``loop`` and a repaired
-        combine (FlashDecoding-like); see :mod:`polyfuse.transforms.split_k_update`.  Returns the local block."""
+        combine (FlashDecoding-like); see :mod:`polyfuse.transforms.split_k_update`.  Returns the local block.
+
+        ``factor_axis`` places the split dimension in ``block``'s partial results (last by default)."""
         from polyfuse.transforms.split_k_update import split_k_update
 
         args: dict[str, Any] = {"block": block, "loop": loop}
         if approximate:
             args["approximate"] = True
+        if factor_axis is not None:
+            args["factor_axis"] = factor_axis
 
         def run(p: Program) -> tuple[Program, str]:
             new, fusion = split_k_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
-                                         approximate=approximate)
+                                         approximate=approximate, factor_axis=factor_axis)
             self._fusions.append(fusion)
             return new, fusion.created[0] if fusion.created else block
 

@@ -79,8 +79,13 @@ from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_
 
 
 def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
-                   approximate: bool = False) -> tuple[Program, Fusion]:
-    """Fuse reduction ``block`` with its producers as split partials over ``loop`` plus a repaired combine."""
+                   approximate: bool = False, factor_axis: int | None = None) -> tuple[Program, Fusion]:
+    """Fuse reduction ``block`` with its producers as split partials over ``loop`` plus a repaired combine.
+
+    ``factor_axis`` places the split dimension in the consumer's partial results (and its auxiliaries'),
+    as in :func:`~polyfuse.transforms.rfactor.rfactor` (last by default): ``pv_rf[b, h, i, split, dv]``
+    keeps a split's values contiguous.
+    """
     what = f"split_k_update of block {block!r} over loop {loop!r} (enclosing block {loop_block!r})"
     if program.block(block).reduce_term() is None or program.block(block).init is None:
         raise IllegalTransform(f"{what}: block {block!r} is not a reduction X = X ⊕ g with an init; "
@@ -139,10 +144,10 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     # Step 5. Privatize the consumer (and its auxiliaries: their global combines are dead, the consumer's
     # combine reads the partial states), then the producers, redirecting the consumer's local nests to their
     # split's producer values (Neptune's FUSEANDPRIVATIZE + REPLACETENSORREADS).
-    program, c_rf = rfactor(program, block=block, loop=loop)
+    program, c_rf = rfactor(program, block=block, loop=loop, factor_axis=factor_axis)
     locals_ = [c_rf]
     for name in aux_blocks:
-        program, aux_rf = rfactor(program, block=name, loop=loop)
+        program, aux_rf = rfactor(program, block=name, loop=loop, factor_axis=factor_axis)
         program = _drop_combine(program, name)
         locals_.append(aux_rf)
     created += locals_
