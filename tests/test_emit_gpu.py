@@ -188,7 +188,12 @@ class RecordingLoader(Loader):
 
 
 @pytest.fixture()
-def decode_kernel(tmp_path):
+def decode_kernel(tmp_path, monkeypatch):
+    # Any split length (Skv = 40: three splits of 16 keys), so that the partial kernel, its
+    # global scratch and the combine kernel are all launched.
+    from polyfuse.ops import schedules
+
+    monkeypatch.setattr(schedules, "GPU_DECODE_MIN_SPLIT", 1)
     source = emit(_tiles("attn_causal", "decode"), CUDA)
     image = tmp_path / "k.cubin"
     image.write_bytes(b"")

@@ -26,7 +26,7 @@ from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
 from polyfuse.ir.stmt import Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import (
     Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axes_of,
-    walk_tile_expr,
+    axis_sizes,
 )
 
 LOW_PRECISION = {"f16": "f16", "bf16": "bf16", "fp8e4m3": "fp8"}
@@ -392,34 +392,6 @@ def flat(axes: tuple[str, ...], sizes: dict[str, int], env: dict[str, str]) -> s
     for a in axes[1:]:
         text = f"({text} * {sizes[a]} + {env[a]})"
     return text
-
-
-def axis_sizes(s: TileStore) -> dict[str, int]:
-    """The size of every tile axis named in a statement (slices, iotas, broadcasts)."""
-    sizes: dict[str, int] = {}
-
-    def note(axis: str, size: int) -> None:
-        if sizes.setdefault(axis, size) != size:
-            raise InternalError(f"block {s.block!r}: tile axis {axis!r} has sizes {sizes[axis]} and {size}")
-
-    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
-    for i in s.index:
-        if isinstance(i, Slice):
-            note(i.axis, i.size)
-    for e in exprs:
-        for n in walk_tile_expr(e):
-            if isinstance(n, TileLoad):
-                for i in n.index:
-                    if isinstance(i, Slice):
-                        note(i.axis, i.size)
-            elif isinstance(n, Iota):
-                note(n.axis, n.size)
-            elif isinstance(n, Broadcast):
-                for a, size in n.axes:
-                    note(a, size)
-            elif isinstance(n, Squeeze):
-                note(n.axis, 1)
-    return sizes
 
 
 def worth_hoisting(e: Expr) -> bool:

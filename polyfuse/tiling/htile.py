@@ -192,6 +192,34 @@ class TileProgram:
         return print_tile_program(self)
 
 
+def axis_sizes(s: TileStore) -> dict[str, int]:
+    """The size of every tile axis named in a statement (slices, iotas, broadcasts)."""
+    sizes: dict[str, int] = {}
+
+    def note(axis: str, size: int) -> None:
+        if sizes.setdefault(axis, size) != size:
+            raise InternalError(f"block {s.block!r}: tile axis {axis!r} has sizes {sizes[axis]} and {size}")
+
+    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
+    for i in s.index:
+        if isinstance(i, Slice):
+            note(i.axis, i.size)
+    for e in exprs:
+        for n in walk_tile_expr(e):
+            if isinstance(n, TileLoad):
+                for i in n.index:
+                    if isinstance(i, Slice):
+                        note(i.axis, i.size)
+            elif isinstance(n, Iota):
+                note(n.axis, n.size)
+            elif isinstance(n, Broadcast):
+                for a, size in n.axes:
+                    note(a, size)
+            elif isinstance(n, Squeeze):
+                note(n.axis, 1)
+    return sizes
+
+
 def slice_axes(index: tuple[Index, ...]) -> tuple[str, ...]:
     """The tile axes of an access, in tensor-dimension order."""
     return tuple(i.axis for i in index if isinstance(i, Slice))

@@ -28,11 +28,12 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from polyfuse.errors import PolyfuseError
+from polyfuse.errors import InternalError, PolyfuseError
 from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Cast, Const, Expr, Select, Var
 from polyfuse.ir.stmt import INPUT
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, walk_tile_expr,
+    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axis_sizes,
+    walk_tile_expr,
 )
 
 if TYPE_CHECKING:
@@ -389,25 +390,10 @@ class TileEvaluator:
 
 def store_sizes(s: TileStore) -> dict[str, int]:
     """The size of every tile axis named in ``s``; GiveUp if one name has two sizes."""
-    sizes: dict[str, int] = {}
-
-    def note(axis: str, n: int) -> None:
-        if sizes.setdefault(axis, n) != n:
-            raise GiveUp(f"axis {axis} has sizes {sizes[axis]} and {n} in block {s.block}")
-
-    slices = [i for i in s.index if isinstance(i, Slice)]
-    for e in [s.value, *([s.mask] if s.mask is not None else [])]:
-        for n in walk_tile_expr(e):
-            if isinstance(n, Iota):
-                note(n.axis, n.size)
-            elif isinstance(n, Broadcast):
-                for a, k in n.axes:
-                    note(a, k)
-            elif isinstance(n, TileLoad):
-                slices += [i for i in n.index if isinstance(i, Slice)]
-    for i in slices:
-        note(i.axis, i.size)
-    return sizes
+    try:
+        return axis_sizes(s)
+    except InternalError as err:
+        raise GiveUp(str(err)) from None
 
 
 def _renamed(v: Value, pairs: dict[str, str]) -> Value:
