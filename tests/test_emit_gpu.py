@@ -108,7 +108,12 @@ def test_row_kernels_use_128_bit_accesses(name):
     assert "uint4" in text
 
 
-def test_decode_splits_into_partial_and_combine_kernels():
+def test_decode_splits_into_partial_and_combine_kernels(monkeypatch):
+    from polyfuse.ops import schedules
+
+    # At the test size (Skv = 40) the split rule keeps all keys in one split: one kernel, no combine.
+    assert [(n.kind, len(n.chain)) for n in partition(_tiles("attn_causal", "decode"))[1]] == [(CTA, 3)]
+    monkeypatch.setattr(schedules, "GPU_DECODE_MIN_SPLIT", 1)  # three splits of 16 keys
     program, nests = partition(_tiles("attn_causal", "decode"))
     kinds = [(n.kind, len(n.chain)) for n in nests]
     assert kinds == [(CTA, 4), (CTA, 3)]  # (b, i, h, split) partials; (b, i, h) combine with out
