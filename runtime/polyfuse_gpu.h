@@ -21,6 +21,8 @@
 #include <cstdint>
 
 #define PF_DEV __device__ __forceinline__
+#define PF_FN PF_DEV
+#include "polyfuse_numpy.h"  // max, min, integer floordiv and mod
 
 namespace pf {
 
@@ -114,20 +116,7 @@ PF_DEV uint8_t float_to_fp8(float x) {
 
 PF_DEV float round_fp8(float x) { return fp8_to_float(float_to_fp8(x)); }
 
-// ---------------------------------------------------------------- arithmetic with NumPy semantics
-template <class T> PF_DEV T max(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
-template <class T> PF_DEV T min(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
-
-template <class T> PF_DEV T floordiv(T a, T b) {
-    if (b == 0) return 0;
-    T q = a / b;
-    return ((a % b != 0) && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-template <class T> PF_DEV T mod(T a, T b) {
-    if (b == 0) return 0;
-    T r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
-}
+// ---------------------------------------------------------------- arithmetic with NumPy semantics (float overloads; the templates are in polyfuse_numpy.h)
 PF_DEV float floordiv(float a, float b) { return floorf(a / b); }
 PF_DEV double floordiv(double a, double b) { return floor(a / b); }
 PF_DEV float mod(float a, float b) {

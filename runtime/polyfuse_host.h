@@ -14,6 +14,9 @@
 #include <cstring>
 #include <type_traits>
 
+#define PF_FN inline
+#include "polyfuse_numpy.h"  // max, min, integer floordiv and mod
+
 namespace pf {
 
 inline uint32_t float_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
@@ -170,7 +173,7 @@ inline void gemm(const T* __restrict__ a, const T* __restrict__ b, T* __restrict
         }
 }
 
-// ---------------------------------------------------------------- arithmetic with NumPy semantics
+// ---------------------------------------------------------------- arithmetic with NumPy semantics (float overloads; the templates are in polyfuse_numpy.h)
 // select(c, a, b): both values are evaluated (as in NumPy's where), so that no load or float
 // operation sits in a branch of its own and loops of selects vectorize.  Floats are blended
 // through a bit mask: a compiler vectorizes that even when c is a bool loaded from memory.
@@ -182,19 +185,6 @@ inline float select(bool c, float a, float b) {
 inline double select(bool c, double a, double b) {
     uint64_t m = 0u - static_cast<uint64_t>(c);
     return bits_double((double_bits(a) & m) | (double_bits(b) & ~m));
-}
-template <class T> inline T max(T a, T b) { return a != a ? a : (b != b ? b : (a > b ? a : b)); }
-template <class T> inline T min(T a, T b) { return a != a ? a : (b != b ? b : (a < b ? a : b)); }
-
-template <class T> inline T floordiv(T a, T b) {
-    if (b == 0) return 0;
-    T q = a / b;
-    return ((a % b != 0) && ((a < 0) != (b < 0))) ? q - 1 : q;
-}
-template <class T> inline T mod(T a, T b) {
-    if (b == 0) return 0;
-    T r = a % b;
-    return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r;
 }
 inline float floordiv(float a, float b) { return std::floor(a / b); }
 inline double floordiv(double a, double b) { return std::floor(a / b); }
