@@ -279,16 +279,9 @@ class CudaEmitter(CFamilyEmitter):
         return self.reduce_result(e, acc)
 
     def inline_dot(self, e: Dot, env: dict[str, str]) -> str:
-        acc, ct = self.fresh("dot"), self.ctype(e.dtype)
-        self.line(f"{ct} {acc} = 0;")
-        k = axis_var(e.axis)
-        self.open(f"for (int {k} = 0; {k} < {self.sizes[e.axis]}; ++{k})")
-        inner = {**env, e.axis: k}
-        a = self.convert(self.scalar(e.a, inner), e.a.dtype, e.dtype)
-        b = self.convert(self.scalar(e.b, inner), e.b.dtype, e.dtype)
-        self.line(f"{acc} += {a} * {b};")
-        self.close()
-        return self.rounded(f"({self.scalar(e.acc, env)} + {acc})", e.dtype)
+        from polyfuse.emit_cpp.mma import serial_dot
+
+        return serial_dot(self, e, env, self.fresh("dot"))
 
     # ------------------------------------------------------------ CTA statements
     def store(self, s: TileStore) -> None:

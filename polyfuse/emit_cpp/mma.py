@@ -202,20 +202,24 @@ def _as(x: Expr, d: DType) -> Expr:
 
 def _batched_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
     """A dot with batch axes: each output element sums its k-slice directly."""
-    ct = em.ctype(e.dtype)
     total = math.prod(em.sizes[a] for a in axes)
     em.element_loop(f"for (int pf_e = pf_tid; pf_e < {total}; pf_e += {em.threads})")
     env = em.decode(axes, "pf_e")
+    em.line(f"{name}[pf_e] = {serial_dot(em, e, env, 'pf_s')};")
+    em.close()
+
+
+def serial_dot(em: CudaEmitter, e: Dot, env: dict[str, str], acc: str) -> str:
+    """Emit ``acc = Σ_k a·b`` for the output element at ``env`` (one thread's loop); return ``e.acc + acc``."""
     k = axis_var(e.axis)
-    em.line(f"{ct} pf_s = 0;")
+    em.line(f"{em.ctype(e.dtype)} {acc} = 0;")
     em.open(f"for (int {k} = 0; {k} < {em.sizes[e.axis]}; ++{k})")
     inner = {**env, e.axis: k}
     a = em.convert(em.scalar(e.a, inner), e.a.dtype, e.dtype)
     b = em.convert(em.scalar(e.b, inner), e.b.dtype, e.dtype)
-    em.line(f"pf_s += {a} * {b};")
+    em.line(f"{acc} += {a} * {b};")
     em.close()
-    em.line(f"{name}[pf_e] = {em.rounded(f'({em.scalar(e.acc, env)} + pf_s)', e.dtype)};")
-    em.close()
+    return em.rounded(f"({em.scalar(e.acc, env)} + {acc})", e.dtype)
 
 
 def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
@@ -249,13 +253,7 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
         if not split and _stage_raw(em, x, low, arr, k, kk, rows, rows_axes, trans, stride, outer, inner):
             continue
         em.element_loop(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
-        if trans:
-            em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
-        else:
-            em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
-        em.line("float pf_v = 0.0f;")
-        em.open(f"if (pf_r < {rows} && pf_k < {kk})")
-        env = {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
+        env = _staged_element(em, "float pf_v = 0.0f;", trans, inner, rows, kk, rows_axes, k)
         em.line(f"pf_v = {em.convert(em.scalar(x, env), x.dtype, dt.f32)};")
         em.close()
         em.line(f"const int pf_at = pf_e / {inner} * {stride} + pf_e % {inner};")
@@ -380,13 +378,7 @@ def _stage_raw(em: CudaEmitter, x: Expr, low: DType, arr: str, k: str, kk: int, 
         return False
     em.element_loop(f"for (int pf_g = pf_tid; pf_g < {outer * inner // VEC16}; pf_g += {em.threads})")
     em.line(f"const int pf_e = pf_g * {VEC16};")
-    if trans:
-        em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
-    else:
-        em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
-    em.line("uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);")
-    em.open(f"if (pf_r < {rows} && pf_k < {kk})")
-    env = {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
+    env = _staged_element(em, "uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);", trans, inner, rows, kk, rows_axes, k)
     source = f"pf_q = *reinterpret_cast<const uint4*>(&{em.access(load.tensor, load.index, env)});"
     if conditions:
         test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
@@ -397,6 +389,20 @@ def _stage_raw(em: CudaEmitter, x: Expr, low: DType, arr: str, k: str, kk: int, 
     em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {inner} * {stride} + pf_e % {inner}]) = pf_q;")
     em.close()
     return True
+
+
+def _staged_element(em: CudaEmitter, declare: str, trans: bool, inner: int, rows: int, kk: int,
+                    rows_axes: tuple[str, ...], k: str) -> dict[str, str]:
+    """Row ``pf_r`` and ``pf_k`` of staged element ``pf_e`` (``[k][rows]`` if ``trans``), the zero value
+    ``declare``d, and an open ``if`` for the elements inside the operand (padding stays zero); returns
+    the axis environment of the element."""
+    if trans:
+        em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
+    else:
+        em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
+    em.line(declare)
+    em.open(f"if (pf_r < {rows} && pf_k < {kk})")
+    return {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
 
 
 def _up(n: int, to: int) -> int:
