@@ -194,14 +194,20 @@ class TileProgram:
 
 def axis_sizes(s: TileStore) -> dict[str, int]:
     """The size of every tile axis named in a statement (slices, iotas, broadcasts)."""
+    return expr_axis_sizes([s.value] + ([s.mask] if s.mask is not None else []), s.index, f"block {s.block!r}")
+
+
+def expr_axis_sizes(exprs: list[Expr], index: tuple[Index, ...] = (),
+                    where: str = "a tile expression") -> dict[str, int]:
+    """The size of every tile axis named in ``exprs`` and the slices of ``index``; InternalError if
+    one name has two sizes (``where`` says where)."""
     sizes: dict[str, int] = {}
 
     def note(axis: str, size: int) -> None:
         if sizes.setdefault(axis, size) != size:
-            raise InternalError(f"block {s.block!r}: tile axis {axis!r} has sizes {sizes[axis]} and {size}")
+            raise InternalError(f"{where}: tile axis {axis!r} has sizes {sizes[axis]} and {size}")
 
-    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
-    for i in s.index:
+    for i in index:
         if isinstance(i, Slice):
             note(i.axis, i.size)
     for e in exprs:

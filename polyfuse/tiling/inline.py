@@ -41,13 +41,12 @@ from polyfuse.tiling.htile import (
     TileProgram,
     TileStore,
     axes_of,
+    expr_axis_sizes,
     map_tile_expr,
     walk_tile_expr,
     walk_tile_stmts,
 )
-
-ALLOC = "alloc"
-
+from polyfuse.transforms.compact import ALLOC
 
 def inline_products(program: TileProgram) -> TileProgram:
     """``program`` with each dot temporary read once inlined into its reader (see the module docstring)."""
@@ -160,24 +159,12 @@ def _fold_expr(e: Expr) -> Expr:
         want = axes_of(x)
         if axes_of(taken) == want:
             return taken
-        sizes = _axis_sizes(x)
+        sizes = expr_axis_sizes([x])
         if set(axes_of(taken)) <= set(want) and all(a in sizes for a in want):
             return Broadcast(taken, tuple((a, sizes[a]) for a in want))
         return None
 
     return map_tile_expr(e, fn)
-
-
-def _axis_sizes(e: Expr) -> dict[str, int]:
-    sizes: dict[str, int] = {}
-    for x in walk_tile_expr(e):
-        if isinstance(x, TileLoad):
-            sizes |= {i.axis: i.size for i in x.index if isinstance(i, Slice)}
-        elif isinstance(x, Iota):
-            sizes[x.axis] = x.size
-        elif isinstance(x, Broadcast):
-            sizes |= dict(x.axes)
-    return sizes
 
 
 def _substitute(s1: TileStore, s2: TileStore) -> TileStore:
