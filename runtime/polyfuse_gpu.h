@@ -7,7 +7,8 @@
 // integer operations.
 //
 // On CUDA it adds the tensor-core path: ldmatrix fragment loads and mma.sync m16n8k16 with f16 or
-// bf16 operands and f32 accumulators (sm_80 and later, sm_90a included).
+// bf16 operands and f32 accumulators, and cp.async copies that stream tiles into shared memory
+// (sm_80 and later, sm_90a included).
 #pragma once
 
 #if defined(__HIPCC__)
@@ -159,6 +160,16 @@ PF_DEV void ldmatrix_x2_trans(uint32_t (&r)[2], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];\n"
                  : "=r"(r[0]), "=r"(r[1]) : "r"(smem_addr(p)));
 }
+
+// 16 bytes global -> shared without registers (cp.async, sm_80+); a false predicate writes zeros
+// and reads nothing.  Copies issued before a commit form one group; wait<N> returns once at most N
+// groups are still in flight (the barrier that follows makes the copied data visible to the block).
+PF_DEV void cp_async16(void* dst, const void* src, bool pred) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(smem_addr(dst)), "l"(src), "r"(pred ? 16 : 0) : "memory");
+}
+PF_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> PF_DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 
 // d += a * b for a 16x16 (row) by 16x8 (col) product, f32 accumulators.
 PF_DEV void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {

@@ -10,6 +10,7 @@ launches instead of running them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 
@@ -244,8 +245,34 @@ def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
     assert str(program).count("reduce_sum(") >= 3
 
 
-def test_exact_16_bit_operands_are_staged_by_128_bit_copies():
-    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
+def test_exact_16_bit_operands_stream_into_shared_memory_by_cp_async():
+    # q, k and v are 16-bit input tiles of the rolling loop's dots: 16-byte cp.async copies into buffers
+    # of their own (P is split hi+lo and staged by the block instead).  q does not change with the loop:
+    # one buffer, copied at the first iteration only.  k and v do: two buffers each, the copy of the
+    # next tile issued (under the loop variable shadowed by j + 1) right after the current one is
+    # published, and every later iteration waits for all but the one group committed after it.
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+    class Streamed(CudaEmitter):
+        stream_stages = 2
+
+    text = Streamed(_tiles("attn_causal", "prefill"), CUDA).kernel("streamed").text
+    assert "pf_q = *reinterpret_cast<const uint4*>" not in text
+    assert text.count("pf::cp_async16(") == 5  # q once; k and v at the first iteration and for the next tile
+    assert text.count("const int j_0 = pf_next;") == 2
+    assert re.search(r"uint16_t\* pf_t\w+ = pf_stream\d+;", text)  # q: one stage
+    assert len(re.findall(r"uint16_t\* pf_t\w+ = pf_stream\d+ \+ \(j_0 & 1\) \* \d+;", text)) == 2
+    assert text.count("pf::cp_async_wait<1>();") == 2 and text.count("pf::cp_async_wait<0>();") == 3
+
+
+def test_without_streaming_exact_16_bit_operands_are_staged_by_128_bit_copies():
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+    class Plain(CudaEmitter):
+        stream_stages = 0
+
+    text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
+    assert "cp_async" not in text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3  # q, k and v; P is split hi+lo instead
 
 
@@ -272,15 +299,56 @@ def test_tensor_core_results_go_in_place_into_padded_rows():
     # qk and pv_rf are inlined into their readers (polyfuse.tiling.inline): score and pv are
     # computed in the epilogues of their dots and written in place, into rows 64 + 8 words
     # apart (bank-conflict free for the row reductions and the epilogues); no result array.
-    for block, target in (("score", "score[("), ("pv", "pv[(")):
-        code = _statement(text, block)
-        assert "pf::mma_f16" in code and "float* pf_t" not in code.split("tensor cores")[1]
-        assert target in code and "* 72 + x_ax1)] = " in code
+    code = _statement(text, "score")
+    assert "pf::mma_f16" in code and "float* pf_t" not in code.split("tensor cores")[1]
+    assert "score[(" in code and "* 72 + x_ax1)] = " in code
+    # pv, the rolling accumulator, is updated in registers (polyfuse.emit_cpp.registers).
+    assert re.search(r"pf_acc\d+\[pf_nb\]\[pf_q\] = ", _statement(text, "pv"))
     assert "// qk\n" not in text and "// pv_rf\n" not in text
     # Ragged tiles (S = 40) keep masked stores: the dot goes to a pitched result array, written
     # in pairs (16 columns + 24 words of padding).
     ragged = _statement(emit(_tiles("attn_causal", "prefill"), CUDA).text, "qk")
     assert "make_float2" in ragged and "* 40 + pf_n]" in ragged
+
+
+def test_rolling_accumulators_stay_in_registers_across_the_loop():
+    # pv = pv·h + P·V: each thread keeps its fragment of pv in registers for the whole key loop,
+    # read once before it and written back once after it; inside the loop pv is neither read
+    # nor written in shared memory.
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64), CUDA).text
+    loop = text[text.index("for (int j_0"):text.index("// pv: pv from registers")]
+    assert "pv[" not in loop
+    assert re.search(r"float pf_acc\d+\[\d\]\[4\] = \{\};  // pv: pv in registers", text)
+    after = _statement(text, "pv: pv from registers")
+    assert re.search(r"pv\[.*\] = pf_acc\d+\[pf_nb\]\[pf_q\];", after)
+    # The GEMM's C likewise; a split decode's partial pv, in global memory, too.
+    gemm = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text
+    assert "C_shared from registers" in gemm
+    gemm_loop = gemm[gemm.index("for (int k_0"):gemm.index("C_shared from registers")]
+    assert "C_shared[" not in gemm_loop
+
+
+def test_accumulators_other_statements_read_stay_in_memory():
+    from polyfuse.emit_cpp import registers
+    from polyfuse.ir.expr import Var
+    from polyfuse.ir.stmt import Loop, Seq
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+    program = _tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64)
+    em = CudaEmitter(program, CUDA)
+    loops = [s for s in _walk(em.program.body) if isinstance(s, Loop) and s.var.name == "j_0"]
+    assert loops and "pv" in registers.plan(em, loops[0])
+    # A statement of the loop that also reads pv (here: pv again, as a second statement) keeps it in memory.
+    body = loops[0].body
+    doubled = loops[0].replace(body=Seq((*body.stmts, *(s for s in body.stmts if s.block == "pv"))))
+    assert "pv" not in registers.plan(em, doubled)
+    assert isinstance(loops[0].var, Var)
+
+
+def _walk(s):
+    from polyfuse.tiling.htile import walk_tile_stmts
+
+    return list(walk_tile_stmts(s))
 
 
 def test_cheap_broadcasts_are_recomputed_not_staged():

@@ -40,6 +40,22 @@ def test_operator_matches_numpy(name, mode):
         assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
 
 
+@pytest.mark.parametrize("stages", [1, 2])
+@pytest.mark.parametrize(("name", "mode"), [(n, m) for n in ("attn_causal", "attn_window", "attn_gqa",
+                                                             "attn_mla_decode") for m in ops.get(n).modes])
+def test_streamed_tiles_match_numpy(monkeypatch, stages, name, mode):
+    # Key/value (and query) tiles copied by cp.async ahead of use, one or two buffers each.
+    from polyfuse.emit_cpp import stream
+
+    monkeypatch.setattr(stream, "STREAM_STAGES", stages)
+    op, sizes, kernel = _kernel(name, mode)
+    assert "pf::cp_async16(" in kernel.kernel_source.text
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(2, mode, sizes, magnitude)
+        result = ops.compare(kernel.run(inputs), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+
+
 @pytest.mark.parametrize("loader", ["pycuda", "cuda-python"])
 @pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"),
                                            ("softmax", "default")])

@@ -3,7 +3,8 @@
 The GEMM plans make the product one of tiles per thread block: grid loops over output tiles, a sequential
 rolling loop over k tiles inside, and a ``dot`` of [rows × k-tile]·[k-tile × cols] tiles in its body.
 inertia splits its points into tiles reduced in parallel, then combined (split-k); performer rolls over
-tiles of keys and of features with its GEMMs as products of tiles.
+tiles of keys and of features with its GEMMs as products of tiles, its key side split-k over (batch, head,
+key split) blocks, each rolling over the key tiles of its split.
 The fused programs agree with NumPy on the loop interpreter, the tile interpreter and the host C++
 backend at the test sizes and at sizes with partial tiles; the CUDA kernels are emitted at the bench
 presets (launch shape, shared memory) without a GPU.
@@ -21,10 +22,16 @@ from polyfuse.emit_cpp import CUDA, emit
 from polyfuse.emit_cpp.grid import CTA, partition
 from polyfuse.errors import BackendUnavailable, NoRepairFound
 from polyfuse.ir import interpret
+from polyfuse.ir.expr import Const
+from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import Loop
-from polyfuse.ops.schedules import GPU_GATE_TILE, GPU_GEMM_TILE, _fit, default_schedule
+from polyfuse.ops import schedules
+from polyfuse.ops.schedules import (
+    GPU_GATE_TILE, GPU_GEMM_TILE, PerformerTiling, _fit, default_schedule, gpu_performer_tiling,
+)
 from polyfuse.pipeline import build
 from polyfuse.tiling.htile import Dot, TileStore, axes_of, walk_tile_expr, walk_tile_stmts
+from polyfuse.transforms.schedule import Schedule
 from polyfuse.transforms.tree import loops_of
 
 GEMM = {"M": 128, "K": 96, "N": 128}
@@ -155,7 +162,7 @@ def test_inertia_plan_splits_k_over_point_tiles():
 # ------------------------------------------------------------------ performer
 
 def test_performer_plan_rolls_key_and_feature_tiles_with_products_of_tiles():
-    sizes = {"L": 100, "D": 16, "F": 40}
+    sizes = {"L": 100, "D": 16, "F": 40}  # one key split: each head's block rolls over all its key tiles
     sch = gpu_schedule("performer", **sizes)
     assert [f.consumer for f in sch.fusions] == ["s_ksum", "s_context", "s_denom", "s_numer"]
     tp = tiles("performer", **sizes)
@@ -165,6 +172,78 @@ def test_performer_plan_rolls_key_and_feature_tiles_with_products_of_tiles():
     _, nests = partition(tp)
     assert [(n.kind, [lp.var.name for lp in n.chain]) for n in nests] == [
         (CTA, ["b", "h"]), (CTA, ["b", "h", "i_0_1"])]
+
+
+SPLIT = {"L": 100, "D": 16, "F": 40}
+SPLIT_CUTS = [
+    PerformerTiling(16, 32),  # 4 splits of 2 steps; the last split holds 4 keys, its second step none
+    PerformerTiling(16, 48),  # 3 splits of 3 steps; the last split holds 4 keys
+    PerformerTiling(16, 16),  # one step per split: no step loop
+]
+
+
+def split_schedule(cut: PerformerTiling, **sizes: int) -> Schedule:
+    op = ops.get("performer")
+    sch = Schedule(op.program("default", **op.sizes("default", sizes)))
+    schedules._performer_gpu(sch, cut)
+    sch.compact_buffers()
+    return sch
+
+
+def test_performer_tiling_splits_the_keys_over_the_sms():
+    assert gpu_performer_tiling(1, 8, 4096) == PerformerTiling(64, 256)   # 16 splits × 8 heads: 128 blocks
+    assert gpu_performer_tiling(4, 32, 4096) == PerformerTiling(64, 2048)  # 128 heads: 2 splits
+    assert gpu_performer_tiling(8, 32, 4096).splits(4096) == 1             # enough heads: no split
+    assert gpu_performer_tiling(1, 8, 1000) == PerformerTiling(64, 384)    # 3 splits of whole steps, last ragged
+    assert gpu_performer_tiling(1, 2, 100).splits(100) == 1                # test sizes: no split
+
+
+def test_performer_bench_launches_split_the_key_side():
+    op = ops.get("performer")
+    sizes = op.presets["default"]
+    sch = gpu_schedule("performer", **sizes)
+    assert [(f.kind, f.consumer) for f in sch.fusions] == [
+        ("split_k_update", "s_ksum"), ("split_k_update", "s_context"), ("rolling_update", "s_ksum_rf"),
+        ("rolling_update", "s_context_rf"), ("rolling_update", "s_denom"), ("rolling_update", "s_numer")]
+    source = emit(tiles("performer", **sizes), CUDA)
+    heads, splits = sizes["B"] * sizes["H"], gpu_performer_tiling(sizes["B"], sizes["H"], sizes["L"]).splits(sizes["L"])
+    assert splits == 16
+    blocks = [simplify(launch.blocks) for launch in source.launches]
+    # the split partials, their combines (one block per head), the query tiles
+    assert [int(b.value) for b in blocks if isinstance(b, Const)] == [heads * splits, heads, heads * sizes["L"] // 64]
+    assert all(0 < launch.shared <= 227 * 1024 for launch in source.launches)
+
+
+def test_performer_split_plan_rolls_each_split_over_its_steps():
+    sch = split_schedule(SPLIT_CUTS[0], **SPLIT)
+    for block in ("s_kdash", "s_ksq", "s_kmax_rf", "s_context_rf_rf", "s_context_rf", "s_ksum_rf"):
+        assert [lp.var.name for lp in loops_of(sch.program, block)][:4] == ["b", "h", "i_0", "i_1_0"], block
+    assert [int(d.value) for d in sch.program.tensor("kdash").shape] == [1, 1, 16, SPLIT["F"]]  # one step's keys
+    assert [int(d.value) for d in sch.program.tensor("context_rf").shape] == [1, 1, 4, SPLIT["F"], SPLIT["D"]]
+    tp = tiling.to_tiles(sch.program)
+    for block in ("s_kdash", "s_context_rf_rf"):
+        assert [e for e in walk_tile_expr(stores(tp)[block].value) if isinstance(e, Dot)], block
+    _, nests = partition(tp)
+    assert [(n.kind, [lp.var.name for lp in n.chain]) for n in nests] == [
+        (CTA, ["b", "h", "i_0"]), (CTA, ["b", "h"]), (CTA, ["b", "h", "i_0_1"])]
+
+
+@pytest.mark.parametrize("cut", SPLIT_CUTS, ids=[f"{c.keys}x{c.split}" for c in SPLIT_CUTS])
+def test_performer_split_plan_agrees_with_numpy(cut):
+    op = ops.get("performer")
+    full = op.sizes("default", SPLIT)
+    sch = split_schedule(cut, **SPLIT)
+    tile_program = tiling.to_tiles(sch.program)
+    try:
+        kernel = build(sch, "cpp", sizes=full)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(0, "default", full, magnitude)
+        want, tol = op.reference(inputs, "default", full), op.tolerance("default", full)
+        for stage, run in (("tile", lambda x: tiling.interpret(tile_program, x)), ("cpp", kernel.run)):
+            result = ops.compare(run(inputs), want, tol)
+            assert result.ok, f"{stage} magnitude={magnitude}: {result.line()} {result.worst}"
 
 
 # ------------------------------------------------------------------ results

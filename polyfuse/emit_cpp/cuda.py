@@ -30,6 +30,8 @@ import math
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
+from polyfuse.emit_cpp import registers, stream
+from polyfuse.emit_cpp.stream import StreamLoop, after_statement, close_streams, open_streams
 from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
 from polyfuse.errors import UnsupportedPattern
 from polyfuse.ir import dtypes as dt
@@ -57,6 +59,9 @@ class CudaEmitter(CFamilyEmitter):
     math_functions = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "floor",
                       "ceil": "ceil", "exp2": "exp2", "log2": "log2", "abs": "fabs", "pow": "pow"}
     tensor_cores = True
+    stream_stages: int | None = None
+    """Buffers per streamed tile of a rolling loop (:mod:`~polyfuse.emit_cpp.stream`; None: ``STREAM_STAGES``);
+    0 streams none: every dot stages its operands with 128-bit loads and stores."""
 
     def __init__(self, program: TileProgram, target: Target):
         partitioned, self.nests = partition(inline_products(skip_masked_tiles(simplify_tiles(program))))
@@ -73,9 +78,17 @@ class CudaEmitter(CFamilyEmitter):
         self.scratch = 0
         self.peak = 0
         self.pitches: dict[str, int] = {}
+        """Row pitch (elements) of the shared temporaries whose rows are padded."""
         self.overrides: dict[Expr, str] = {}
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
-        """Row pitch (elements) of the shared temporaries whose rows are padded."""
+        self.streaming: StreamLoop | None = None
+        """The loop whose operand tiles stream through cp.async (:mod:`~polyfuse.emit_cpp.stream`)."""
+        self.block = ""
+        """The block of the statement being emitted."""
+        self.stages = 0
+        """Stream buffers of the kernel being emitted."""
+        self.accumulators: dict[str, registers.Accumulator] = {}
+        """Statements of the loop being emitted whose accumulators live in registers, by block."""
 
     # ------------------------------------------------------------ table of differences
     def kernel_qualifiers(self, threads: int) -> str:
@@ -115,6 +128,28 @@ class CudaEmitter(CFamilyEmitter):
 
     def barrier(self) -> None:
         self.line("__syncthreads();")
+
+    def loop(self, s: Loop) -> None:
+        """A loop of a block: its rolling accumulators stay in registers (:mod:`~polyfuse.emit_cpp.registers`)
+        and the tiles its dots read from inputs may stream in ahead of use (:mod:`~polyfuse.emit_cpp.stream`)."""
+        accumulators = registers.plan(self, s) if self.tensor_cores else {}
+        for acc in accumulators.values():
+            registers.load(self, acc)
+        outer, self.accumulators = self.accumulators, accumulators
+        state = open_streams(self, s, self.stages) if self.tensor_cores and self.streaming is None else None
+        mark = self.scratch
+        self.streaming = state
+        super().loop(s)
+        self.streaming = None
+        if state is not None:
+            close_streams(self, state)
+        self.scratch = mark
+        self.accumulators = outer
+        used = [acc for acc in accumulators.values() if acc.used]
+        for acc in used:
+            registers.store(self, acc)
+        if used:
+            self.barrier()
 
     def offset(self, tensor, idx: list[str]) -> str:
         """Row-major offset; 32-bit arithmetic for a block's shared temporaries (they are small)."""
@@ -288,12 +323,14 @@ class CudaEmitter(CFamilyEmitter):
         self.sizes = axis_sizes(s)
         self.materialized = {}
         mark = self.scratch
+        self.block = s.block
         self.line(f"// {s.block}")
         self.open("")
         axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
         if self.dot_in_place(s, axes):
             self.close()
             self.barrier()
+            after_statement(self)
             self.scratch = mark
             return
         for e in [s.value] + ([s.mask] if s.mask is not None else []):
@@ -309,6 +346,7 @@ class CudaEmitter(CFamilyEmitter):
             self.close()
         self.close()
         self.barrier()
+        after_statement(self)
         self.scratch = mark
         self.materialized = {}
 
@@ -326,8 +364,11 @@ class CudaEmitter(CFamilyEmitter):
         from polyfuse.tiling.htile import walk_tile_expr
 
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
+        acc = self.accumulators.get(s.block)
+        in_registers = acc is not None and acc.store == s
+        shared = s.tensor.name in self.shared_names
         if (len(dots) != 1 or s.mask is not None or s.reducer is not None
-                or s.tensor.name not in self.shared_names or set(axes) != set(axes_of(dots[0]))
+                or not (shared or in_registers) or set(axes) != set(axes_of(dots[0]))
                 or mma_type(self, dots[0]) is None or not _elementwise_path(s.value, dots[0])):
             return False
         e = dots[0]
@@ -340,15 +381,29 @@ class CudaEmitter(CFamilyEmitter):
             self.materialize_within(s.value)
         finally:
             del self.materialized[e]
+        own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
+        if in_registers and any(n in own for m in self.materialized for n in walk_tile_expr(m)):
+            in_registers = False  # a hoisted operand reads the accumulator: it must stay in memory
+            if not shared:
+                return False
+        target = f"{acc.name}[pf_nb][pf_q]" if in_registers else None
 
         def write(env: dict[str, str], value: str) -> None:
             self.line(f"const {self.ctype(e.dtype)} pf_d = {value};")
             self.overrides[e] = "pf_d"
+            if target is not None:
+                self.overrides.update({n: target for n in own})
             result = self.convert(self.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
-            del self.overrides[e]
-            self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
+            for n in [e, *own] if target is not None else [e]:
+                del self.overrides[n]
+            if target is not None:
+                self.line(f"{target} = {result};")
+            else:
+                self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
 
         emit_dot_into(self, e, write)
+        if in_registers:
+            acc.used = True
         return True
 
     def materialize(self, e: Expr) -> None:
@@ -448,6 +503,24 @@ class CudaEmitter(CFamilyEmitter):
 
     # ------------------------------------------------------------ kernels
     def nest_kernel(self, nest: GridNest, name: str) -> Launch:
+        """One kernel; where its streamed tiles (:mod:`~polyfuse.emit_cpp.stream`) would take more shared
+        memory than ``STREAM_SHARED_BUDGET``, it is emitted again with one buffer per tile, then
+        without streaming."""
+        at, depth = len(self.lines), self.depth
+        most = stream.STREAM_STAGES if self.stream_stages is None else self.stream_stages
+        for stages in range(most, -1, -1):
+            self.stages = stages
+            launch = self.nest_kernel_once(nest, name)
+            if stages == 0 or self.peak <= min(stream.STREAM_SHARED_BUDGET, SHARED_LIMIT):
+                break
+            del self.lines[at:]
+            self.depth = depth
+        if self.peak > SHARED_LIMIT:
+            raise UnsupportedPattern(f"kernel {name} needs {self.peak} bytes of shared memory (tiles and their "
+                                     f"temporaries); a block may use {SHARED_LIMIT}. Use smaller tiles in the schedule")
+        return launch
+
+    def nest_kernel_once(self, nest: GridNest, name: str) -> Launch:
         self.scratch, self.peak = 0, 0
         warps = _warps(nest.chain)
         self.threads = warps * self.warp if nest.kind == CTA else MAP_THREADS
@@ -497,9 +570,6 @@ class CudaEmitter(CFamilyEmitter):
         self.depth -= 1
         self.line("}")
         self.line("")
-        if self.peak > SHARED_LIMIT:
-            raise UnsupportedPattern(f"kernel {name} needs {self.peak} bytes of shared memory (tiles and their "
-                                     f"temporaries); a block may use {SHARED_LIMIT}. Use smaller tiles in the schedule")
         self.lines[header_at] += f"  // {self.peak} bytes of shared memory, {self.threads} threads"
         return Launch(name, blocks, self.threads, self.peak)
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import axis_var
@@ -222,77 +223,124 @@ def serial_dot(em: CudaEmitter, e: Dot, env: dict[str, str], acc: str) -> str:
     return em.rounded(f"({em.scalar(e.acc, env)} + {acc})", e.dtype)
 
 
-def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
-             write: Callable[[dict[str, str], str], None] | None = None) -> None:
+@dataclass(frozen=True)
+class Staged:
+    """How one operand of a tensor-core dot lies in shared memory: ``[k][rows]`` if ``trans``, else
+    ``[rows][k]``, zero-padded to ``rows_pad`` × ``kp``, rows ``stride`` elements apart; a split
+    operand's lo part follows its hi part, ``size`` elements later."""
+
+    x: Expr
+    rows: int
+    rows_pad: int
+    rows_axes: tuple[str, ...]
+    trans: bool
+    stride: int
+    split: bool
+    size: int
+    k: str
+    kk: int
+    kp: int
+
+    @property
+    def outer(self) -> int:
+        return self.kp if self.trans else self.rows_pad
+
+    @property
+    def inner(self) -> int:
+        return self.rows_pad if self.trans else self.kp
+
+
+def staging(em: CudaEmitter, e: Dot) -> tuple[Staged, Staged]:
+    """The shared-memory layouts of ``e``'s operands (``e`` has a tensor-core lowering)."""
     k = e.axis
-    m_axes = tuple(x for x in axes_of(e.a) if x != k)
-    n_axes = tuple(x for x in axes_of(e.b) if x != k)
-    mm = math.prod(em.sizes[x] for x in m_axes)
-    nn = math.prod(em.sizes[x] for x in n_axes)
     kk = em.sizes[k]
-    mp, np_, kp = _up(mm, 16), _up(nn, 8), _up(kk, 16)
-    a_km = contiguous_axis(e.a, k) != k
-    b_kn = contiguous_axis(e.b, k) != k
-    low_name = LOW[low.name]
-    split_a, split_b = exact_low(e.a) is None, exact_low(e.b) is None
-    sa, sb = em.fresh("ta"), em.fresh("tb")
-    a_stride = (mp if a_km else kp) + 8
-    b_stride = (np_ if b_kn else kp) + 8
-    a_size = (kp if a_km else mp) * a_stride
-    b_size = (kp if b_kn else np_) * b_stride
-    em.shared_array("uint16_t", sa, a_size * 2 * (2 if split_a else 1))
-    em.shared_array("uint16_t", sb, b_size * 2 * (2 if split_b else 1))
-    em.line(f"// tensor cores: {mm}x{nn}x{kk} ({mp}x{np_}x{kp} padded), {low} operands, "
-            f"a as [{'k][m' if a_km else 'm][k'}]{' split hi+lo' if split_a else ''}, "
-            f"b as [{'k][n' if b_kn else 'n][k'}]{' split hi+lo' if split_b else ''}")
-    # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its hi part.
-    for arr, x, rows_pad, rows, rows_axes, trans, stride, split, size in (
-            (sa, e.a, mp, mm, m_axes, a_km, a_stride, split_a, a_size),
-            (sb, e.b, np_, nn, n_axes, b_kn, b_stride, split_b, b_size)):
-        outer, inner = (kp, rows_pad) if trans else (rows_pad, kp)
-        if not split and _stage_raw(em, x, low, arr, k, kk, rows, rows_axes, trans, stride, outer, inner):
-            continue
-        em.element_loop(f"for (int pf_e = pf_tid; pf_e < {outer * inner}; pf_e += {em.threads})")
-        env = _staged_element(em, "float pf_v = 0.0f;", trans, inner, rows, kk, rows_axes, k)
-        em.line(f"pf_v = {em.convert(em.scalar(x, env), x.dtype, dt.f32)};")
-        em.close()
-        em.line(f"const int pf_at = pf_e / {inner} * {stride} + pf_e % {inner};")
-        em.line(f"const uint16_t pf_hi = pf::float_to_{low_name}(pf_v);")
-        em.line(f"{arr}[pf_at] = pf_hi;")
-        if split:
-            em.line(f"{arr}[{size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
-        em.close()
-    em.barrier()
+    kp = _up(kk, 16)
+    out = []
+    for x, pad in ((e.a, 16), (e.b, 8)):
+        axes = tuple(a for a in axes_of(x) if a != k)
+        rows = math.prod(em.sizes[a] for a in axes)
+        rows_pad = _up(rows, pad)
+        trans = contiguous_axis(x, k) != k
+        stride = (rows_pad if trans else kp) + 8
+        out.append(Staged(x, rows, rows_pad, axes, trans, stride, exact_low(x) is None,
+                          (kp if trans else rows_pad) * stride, k, kk, kp))
+    return out[0], out[1]
+
+
+def warp_tiling(em: CudaEmitter, mp: int, np_: int) -> tuple[int, int, int]:
+    """How the warps cover an ``mp × np_`` output: ``mtiles`` strips of 16 rows, each in ``groups``
+    groups of ``per`` 8-column tiles; warp ``w`` takes tiles ``w, w + warps, …`` (``t → (t / groups,
+    t % groups)``).  ``per`` is the largest power of two up to 8 that still gives every warp a tile."""
     warps = em.threads // em.warp
     mtiles, ntiles = mp // 16, np_ // 8
     per = min(ntiles, 8)
     while per > 1 and mtiles * -(-ntiles // per) < warps:
         per //= 2
-    groups = -(-ntiles // per)
+    return mtiles, -(-ntiles // per), per
+
+
+def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
+             write: Callable[[dict[str, str], str], None] | None = None) -> None:
+    from polyfuse.emit_cpp.stream import consume, publish
+
+    a, b = staging(em, e)
+    m_axes, n_axes = a.rows_axes, b.rows_axes
+    mm, nn, kk = a.rows, b.rows, a.kk
+    mp, np_, kp = a.rows_pad, b.rows_pad, a.kp
+    low_name = LOW[low.name]
+    em.line(f"// tensor cores: {mm}x{nn}x{kk} ({mp}x{np_}x{kp} padded), {low} operands, "
+            f"a as [{'k][m' if a.trans else 'm][k'}]{' split hi+lo' if a.split else ''}, "
+            f"b as [{'k][n' if b.trans else 'n][k'}]{' split hi+lo' if b.split else ''}")
+    # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its
+    # hi part.  An operand streamed by cp.async (polyfuse.emit_cpp.stream) is already in its buffer.
+    arrays = []
+    for op, hint in ((a, "ta"), (b, "tb")):
+        arr = em.fresh(hint)
+        arrays.append(arr)
+        if consume(em, op, arr):
+            continue
+        em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
+        if not op.split and _stage_raw(em, op, low, arr):
+            continue
+        em.element_loop(f"for (int pf_e = pf_tid; pf_e < {op.outer * op.inner}; pf_e += {em.threads})")
+        env = _staged_element(em, "float pf_v = 0.0f;", op)
+        em.line(f"pf_v = {em.convert(em.scalar(op.x, env), op.x.dtype, dt.f32)};")
+        em.close()
+        em.line(f"const int pf_at = pf_e / {op.inner} * {op.stride} + pf_e % {op.inner};")
+        em.line(f"const uint16_t pf_hi = pf::float_to_{low_name}(pf_v);")
+        em.line(f"{arr}[pf_at] = pf_hi;")
+        if op.split:
+            em.line(f"{arr}[{op.size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
+        em.close()
+    sa, sb = arrays
+    publish(em)
+    warps = em.threads // em.warp
+    mtiles, groups, per = warp_tiling(em, mp, np_)
+    ntiles = np_ // 8
     mma = f"pf::mma_{LOW[low.name]}"
     em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
     em.open(f"for (int pf_t = pf_warp; pf_t < {mtiles * groups}; pf_t += {warps})")
     em.line(f"const int pf_mt = pf_t / {groups}, pf_ng = pf_t % {groups};")
     em.line(f"float pf_c[{per}][4] = {{}};")
     em.open(f"for (int pf_kk = 0; pf_kk < {kp}; pf_kk += 16)")
-    if a_km:
-        a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a_stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
+    if a.trans:
+        a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a.stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
     else:
-        a_at = f"(pf_mt * 16 + pf_lane % 16) * {a_stride} + pf_kk + (pf_lane / 16) * 8"
-    _fragments(em, "pf_fa", 4, "pf::ldmatrix_x4_trans" if a_km else "pf::ldmatrix_x4", sa, a_at, a_size, split_a)
+        a_at = f"(pf_mt * 16 + pf_lane % 16) * {a.stride} + pf_kk + (pf_lane / 16) * 8"
+    _fragments(em, "pf_fa", 4, "pf::ldmatrix_x4_trans" if a.trans else "pf::ldmatrix_x4", sa, a_at, a.size, a.split)
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line(f"const int pf_nt = pf_ng * {per} + pf_nb;")
     em.open(f"if (pf_nt < {ntiles})")
-    if b_kn:
-        b_at = f"(pf_kk + pf_lane % 16) * {b_stride} + pf_nt * 8"
+    if b.trans:
+        b_at = f"(pf_kk + pf_lane % 16) * {b.stride} + pf_nt * 8"
     else:
-        b_at = f"(pf_nt * 8 + pf_lane % 8) * {b_stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
-    _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b_kn else "pf::ldmatrix_x2", sb, b_at, b_size, split_b)
+        b_at = f"(pf_nt * 8 + pf_lane % 8) * {b.stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
+    _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b.trans else "pf::ldmatrix_x2", sb, b_at, b.size, b.split)
     em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb);")
-    if split_a:
+    if a.split:
         em.line(f"{mma}(pf_c[pf_nb], pf_fa_lo, pf_fb);")
-    if split_b:
+    if b.split:
         em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb_lo);")
     em.close()
     em.close()
@@ -363,22 +411,30 @@ def raw_operand(x: Expr, low: DType) -> tuple[TileLoad, list[Expr]] | None:
     return x, conditions
 
 
-def _stage_raw(em: CudaEmitter, x: Expr, low: DType, arr: str, k: str, kk: int, rows: int,
-               rows_axes: tuple[str, ...], trans: bool, stride: int, outer: int, inner: int) -> bool:
-    """Stage ``x`` by copying its 16-bit values eight at a time (one 128-bit load and store), if it can."""
-    found = raw_operand(x, low)
-    if found is None or (trans and len(rows_axes) != 1):
+def raw_staging(em: CudaEmitter, op: Staged, low: DType) -> tuple[TileLoad, list[Expr]] | None:
+    """The load and its conditions if ``op`` can be staged by copying its 16-bit values eight at a time."""
+    found = raw_operand(op.x, low)
+    if found is None or (op.trans and len(op.rows_axes) != 1):
+        return None
+    load, conditions = found
+    fast = op.rows_axes[0] if op.trans else op.k
+    extent = op.rows if op.trans else op.kk
+    if extent % VEC16 or op.inner % VEC16 or not aligned(load.index, load.tensor.shape, fast, VEC16):
+        return None
+    if any(depends_on(c, fast) for c in conditions):
+        return None
+    return load, conditions
+
+
+def _stage_raw(em: CudaEmitter, op: Staged, low: DType, arr: str) -> bool:
+    """Stage ``op`` by copying its 16-bit values eight at a time (one 128-bit load and store), if it can."""
+    found = raw_staging(em, op, low)
+    if found is None:
         return False
     load, conditions = found
-    fast = rows_axes[0] if trans else k
-    extent = rows if trans else kk
-    if extent % VEC16 or inner % VEC16 or not aligned(load.index, load.tensor.shape, fast, VEC16):
-        return False
-    if any(depends_on(c, fast) for c in conditions):
-        return False
-    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {outer * inner // VEC16}; pf_g += {em.threads})")
+    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // VEC16}; pf_g += {em.threads})")
     em.line(f"const int pf_e = pf_g * {VEC16};")
-    env = _staged_element(em, "uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);", trans, inner, rows, kk, rows_axes, k)
+    env = _staged_element(em, "uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);", op)
     source = f"pf_q = *reinterpret_cast<const uint4*>(&{em.access(load.tensor, load.index, env)});"
     if conditions:
         test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
@@ -386,23 +442,42 @@ def _stage_raw(em: CudaEmitter, x: Expr, low: DType, arr: str, k: str, kk: int, 
     else:
         em.line(source)
     em.close()
-    em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {inner} * {stride} + pf_e % {inner}]) = pf_q;")
+    em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}]) = pf_q;")
     em.close()
     return True
 
 
-def _staged_element(em: CudaEmitter, declare: str, trans: bool, inner: int, rows: int, kk: int,
-                    rows_axes: tuple[str, ...], k: str) -> dict[str, str]:
-    """Row ``pf_r`` and ``pf_k`` of staged element ``pf_e`` (``[k][rows]`` if ``trans``), the zero value
-    ``declare``d, and an open ``if`` for the elements inside the operand (padding stays zero); returns
-    the axis environment of the element."""
-    if trans:
-        em.line(f"const int pf_k = pf_e / {inner}, pf_r = pf_e % {inner};")
+def copy_async(em: CudaEmitter, op: Staged, low: DType, arr: str) -> None:
+    """Issue the cp.async copies that stage ``op`` (raw, :func:`raw_staging`) into ``arr``; elements
+    outside the operand or under a false condition are zero-filled."""
+    found = raw_staging(em, op, low)
+    assert found is not None
+    load, conditions = found
+    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // VEC16}; pf_g += {em.threads})")
+    em.line(f"const int pf_e = pf_g * {VEC16};")
+    env = _staged_element(em, f"const {em.stype(low)}* pf_src = {load.tensor.name}; bool pf_ok = false;", op)
+    take = f"pf_src = &{em.access(load.tensor, load.index, env)}; pf_ok = true;"
+    if conditions:
+        test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
+        em.line(f"if ({test}) {{ {take} }}")
     else:
-        em.line(f"const int pf_r = pf_e / {inner}, pf_k = pf_e % {inner};")
+        em.line(take)
+    em.close()
+    em.line(f"pf::cp_async16(&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}], pf_src, pf_ok);")
+    em.close()
+
+
+def _staged_element(em: CudaEmitter, declare: str, op: Staged) -> dict[str, str]:
+    """Row ``pf_r`` and ``pf_k`` of staged element ``pf_e`` of ``op``, the zero value ``declare``d,
+    and an open ``if`` for the elements inside the operand (padding stays zero); returns the axis
+    environment of the element."""
+    if op.trans:
+        em.line(f"const int pf_k = pf_e / {op.inner}, pf_r = pf_e % {op.inner};")
+    else:
+        em.line(f"const int pf_r = pf_e / {op.inner}, pf_k = pf_e % {op.inner};")
     em.line(declare)
-    em.open(f"if (pf_r < {rows} && pf_k < {kk})")
-    return {**em.decode(rows_axes, "pf_r"), k: "pf_k"}
+    em.open(f"if (pf_r < {op.rows} && pf_k < {op.kk})")
+    return {**em.decode(op.rows_axes, "pf_r"), op.k: "pf_k"}
 
 
 def _up(n: int, to: int) -> int:

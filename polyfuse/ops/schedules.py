@@ -20,7 +20,8 @@ the fused results moved into the same per-row loop (one block per row, one pass 
 the statistics and one for the output).  Operators with a GEMM get plans of their own (``_with_gpu``):
 ``quant_gemm`` and ``moe_routing`` one thread block per output tile, the GEMM a product of tiles rolled over
 k tiles (``GPU_GEMM_TILE``, ``GPU_GATE_TILE``); ``performer`` its four fusions over tiles of keys and of
-features (``GPU_PERFORMER_TILE``); ``inertia``, whose chain cannot roll over tiles, split-k over tiles of
+features (``GPU_PERFORMER_TILE``), the key side split-k over (batch, head, key split) blocks like decode
+(:func:`gpu_performer_tiling`); ``inertia``, whose chain cannot roll over tiles, split-k over tiles of
 points.  Where no repair exists (``quant_gemm_fp8``) the fusion step raises ``NoRepairFound`` with the
 failing condition, and nothing is mis-compiled.
 """
@@ -79,9 +80,19 @@ GPU_GATE_TILE = (16, 128)
 elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
 64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy)."""
 GPU_PERFORMER_TILE = (64, 64, 64)
-"""performer on GPUs: key rows per step of the key-side rolling loop (one block per head: k'ᵀv, F×D = 64 KB
-at F = 256, D = 64, stays in the block), query rows per block and features per step of the query side.
-Measured on the H200 (B = 1, H = 8, L = 4096): 32/64/64 3.22 ms, 64/64/64 2.34, 32/128/64 3.32, 32/64/128 3.28."""
+"""performer on GPUs: key rows per step of the key-side rolling loop (a step's tile of k·Pᵀ, 64×256 f32 = 64 KB
+at F = 256, is all of it that lives in a block), query rows per block and features per step of the query side.
+Measured on the H200 (B = 1, H = 8, L = 4096) when the key side was one block per head (8 blocks on 132 SMs;
+2.33 ms against PyTorch eager's 0.57): 32/64/64 3.22 ms, 64/64/64 2.34, 32/128/64 3.32, 32/64/128 3.28.
+The key side is now split over many blocks (:func:`gpu_performer_tiling`), not yet measured."""
+GPU_PERFORMER_BLOCKS = 132
+"""Thread blocks the split rule aims at for performer's key side: one per SM of the H200 (132 SMs).  At F = 256
+a block's shared memory (the step's k·Pᵀ tile and the staging of its k'ᵀv product, about 223 KB with 64 keys
+per step) leaves room for one block per SM."""
+GPU_PERFORMER_MIN_SPLIT = 256
+"""Fewest keys per split of performer's key side: the combine reads each split's partial k'ᵀv (F×D floats: at
+F = 256, D = 64 half as many bytes as the k and v rows of a 256-key split), so shorter splits add more
+combine traffic than they add parallelism."""
 GPU_TARGETS = ("cuda", "hip")
 
 _Plan = Callable[[Schedule], None]
@@ -314,21 +325,79 @@ def _inertia_gpu(sch: Schedule) -> None:
         sch.split_k_update(block, n0)
 
 
-def _performer_gpu(sch: Schedule) -> None:
+@dataclass(frozen=True)
+class PerformerTiling:
+    """How performer's key side is cut into thread blocks on a GPU (see :func:`gpu_performer_tiling`).
+
+    A block reduces ``split`` key rows of one head (a multiple of ``keys``) in steps of ``keys`` rows.
+    ``splits == 1`` needs no combine: the block rolls over all the rows.
+    """
+
+    keys: int
+    split: int
+
+    def splits(self, length: int) -> int:
+        return -(-length // self.split)
+
+
+def gpu_performer_tiling(batch: int, heads: int, length: int) -> PerformerTiling:
+    """The GPU tiling of performer's key side; every constant it uses is a module constant.
+
+    1. keys per step: ``GPU_PERFORMER_TILE[0]``, halved (down to 16) while the rows do not span two steps;
+    2. split: the (batch, head) units are multiplied by the fewest splits that give ``GPU_PERFORMER_BLOCKS``
+       blocks (never more splits than steps, nor splits of fewer than ``GPU_PERFORMER_MIN_SPLIT`` rows);
+       the rows are shared evenly and the split rounded up to whole steps.  At B=1 H=8 L=4096: 16 splits
+       of 256 rows (4 steps of 64), 128 blocks; small test sizes get one split.
+    """
+    keys = _fit(GPU_PERFORMER_TILE[0], length)
+    splits = max(1, min(-(-GPU_PERFORMER_BLOCKS // (batch * heads)), -(-length // keys),
+                        length // GPU_PERFORMER_MIN_SPLIT))
+    split = -(-length // splits)
+    return PerformerTiling(keys, -(-split // keys) * keys)
+
+
+def _performer_gpu(sch: Schedule, tiling: PerformerTiling | None = None) -> None:
     """The fusions of :func:`_performer` over tiles (``GPU_PERFORMER_TILE``), their GEMMs as products of tiles.
 
-    Keys: one block per head rolls over tiles of key rows; each step computes its tile of k·Pᵀ and ‖k‖²
-    (``compute_at``), updates the global max over the tile, and adds k'ᵀ·v and Σ k' of the tile, repaired
-    with ``h = t·exp(r - r')``.  Queries: one block per tile of query rows rolls over tiles of features, like
-    attention prefill: a tile of q·Pᵀ per step, the row max, and q'·(k'ᵀv) and q'·Σk' repaired alike.
+    Keys, split-k like decode attention (:func:`_attention_decode_gpu`): the rows ``i`` of ``s_kmax`` are
+    split by ``[None, split]`` and the split's rows by ``[None, keys]`` (a split loop ``i_0``, a rolling step
+    loop ``i_1_0`` inside it, the rows of a step ``i_1_1``), so the grid is (b, h, split).
+    ``split_k_update`` makes each split's partial max, Σ k' and k'ᵀ·v (``*_rf``) and the combines, repaired
+    with ``exp(kmax_rf - kmax)``; ``rolling_update`` rolls the partials over the steps of the split, repaired
+    alike, and each step computes its tile of k·Pᵀ and ‖k‖² (``compute_at``).  With one split there is no
+    combine: the block rolls over all the rows of its head (the step loop is ``i_0``); with one step per
+    split there is no step loop.  ``tiling`` overrides :func:`gpu_performer_tiling`.
+
+    Queries: one block per tile of query rows rolls over tiles of features, like attention prefill: a tile
+    of q·Pᵀ per step, the row max, and q'·(k'ᵀv) and q'·Σk' repaired alike.
     """
-    keys, rows, features = GPU_PERFORMER_TILE
+    _, rows, features = GPU_PERFORMER_TILE
+    batch, heads, length, _ = (int(x.value) for x in sch.program.tensor("k").shape)
+    t = tiling or gpu_performer_tiling(batch, heads, length)
+    if t.split % t.keys:
+        raise PolyfuseError(f"performer tiling {t}: the keys per step must divide the split")
     i = sch.loop("s_kmax", "i")
-    i0, _ = sch.split(i, [None, _fit(keys, _extent(sch, i))])
-    for block in ("s_ksum", "s_context"):
-        sch.rolling_update(block, i0)
-    sch.compute_at("s_kdash", i0)
-    sch.compute_at("s_ksq", i0)
+    if t.splits(length) == 1:
+        step, _ = sch.split(i, [None, t.keys])
+        for block in ("s_ksum", "s_context"):
+            sch.rolling_update(block, step)
+    else:
+        split, rows_of_split = sch.split(i, [None, t.split])
+        # k·Pᵀ under the split first: once the first split_k_update moves kmax's combine out of the split,
+        # kdash is what places s_context under it (a consumer of a max is not cut into splits of its own).
+        sch.compute_at("s_kdash", split)
+        for block in ("s_ksum", "s_context"):
+            # The split after (b, h): a block's partial rows, updated at every step, are contiguous.
+            sch.split_k_update(block, split, factor_axis=2)
+        # s_kmax is the combine now: the loops of the split are s_kmax_rf's.
+        if t.split == t.keys:
+            step = sch.loop("s_kmax_rf", split.name)
+        else:
+            step, _ = sch.split(sch.loop("s_kmax_rf", rows_of_split.name), [None, t.keys])
+            for block in ("s_ksum_rf", "s_context_rf"):
+                sch.rolling_update(block, step)
+    sch.compute_at("s_kdash", step)
+    sch.compute_at("s_ksq", step)
     _, _, qi, qf = sch.get_loops("s_qmax")
     q_rows, q_features, _, _ = sch.tile([qi, qf], [_fit(rows, _extent(sch, qi)), _fit(features, _extent(sch, qf))])
     for block in ("s_denom", "s_numer"):
