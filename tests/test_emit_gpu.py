@@ -351,6 +351,23 @@ def _walk(s):
     return list(walk_tile_stmts(s))
 
 
+def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
+    # A split decode's combine gives each output one thread and sums the splits' partials: unrolled,
+    # so that the partials' loads are in flight together.  Block-wide row reductions are not.
+    from polyfuse.ops.schedules import DecodeTiling, _attention_decode_gpu
+    from polyfuse.transforms.schedule import Schedule
+
+    op = ops.get("attn_mla_decode")
+    sch = Schedule(op.program("decode", **op.sizes("decode", {"Skv": 256})))
+    _attention_decode_gpu(sch, DecodeTiling(4, 16, 32))  # 8 splits
+    sch.compact_buffers()
+    text = emit(to_tiles(sch.program), CUDA).text
+    combine = text[text.index("_k1("):]
+    assert re.search(r"#pragma unroll\n\s*for \(int x_j_0 = \(0\) \* \d; x_j_0 < 8;", combine)
+    rows = emit(_tiles("layernorm_stats", "default", M=8192), CUDA).text
+    assert not re.search(r"#pragma unroll\n\s*for \(int x_", rows)
+
+
 def test_cheap_broadcasts_are_recomputed_not_staged():
     # The causal mask compares two index expressions: recomputed per element, not staged in
     # shared memory behind extra barriers; the costly exp(m_prev - m) is still computed once per row.
