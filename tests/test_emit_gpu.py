@@ -351,6 +351,16 @@ def _walk(s):
     return list(walk_tile_stmts(s))
 
 
+def test_f32_operands_are_split_four_at_a_time():
+    # moe_routing's gate product x·w, both f32: each thread reads four neighbours with one 128-bit load,
+    # converts them to bf16 hi + lo and stores each part with one 8-byte store.
+    text = emit(_tiles("moe_routing", "default", S=64, HD=512), CUDA).text
+    gate = _statement(text, "s_gate")
+    assert gate.count("float pf_v[4] = {};") == 2
+    assert gate.count("reinterpret_cast<uint2*>") == 4  # hi and lo of x and of w
+    assert "reinterpret_cast<const uint4*>(&x[" in gate and "reinterpret_cast<const uint4*>(&w[" in gate
+
+
 def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
     # A split decode's combine gives each output one thread and sums the splits' partials: unrolled,
     # so that the partials' loads are in flight together.  Block-wide row reductions are not.

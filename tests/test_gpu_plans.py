@@ -113,7 +113,8 @@ def test_quant_gemm_preset_launch():
     (launch,) = source.launches
     grid = launch.blocks
     blocks = int(grid.value) if hasattr(grid, "value") else int(grid.a.value) * int(grid.b.value)
-    assert blocks == (4096 // 64) ** 2
+    rows, cols, _ = GPU_GEMM_TILE
+    assert blocks == (4096 // rows) * (4096 // cols)
     assert 0 < launch.shared <= 227 * 1024
 
 

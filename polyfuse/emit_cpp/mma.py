@@ -302,6 +302,8 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
         em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
         if not op.split and _stage_raw(em, op, low, arr):
             continue
+        if _stage_vector(em, op, low_name, arr):
+            continue
         em.element_loop(f"for (int pf_e = pf_tid; pf_e < {op.outer * op.inner}; pf_e += {em.threads})")
         env = _staged_element(em, "float pf_v = 0.0f;", op)
         em.line(f"pf_v = {em.convert(em.scalar(op.x, env), op.x.dtype, dt.f32)};")
@@ -443,6 +445,46 @@ def _stage_raw(em: CudaEmitter, op: Staged, low: DType, arr: str) -> bool:
         em.line(source)
     em.close()
     em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}]) = pf_q;")
+    em.close()
+    return True
+
+
+_CHUNK = {2: "uint32_t", 4: "uint2", 8: "uint4"}
+"""The integer type of ``vec`` 16-bit values, for one store."""
+
+
+def _stage_vector(em: CudaEmitter, op: Staged, low_name: str, arr: str) -> bool:
+    """Stage ``op`` (converted to 16 bits, split hi + lo) ``vec`` elements at a time, if its loads allow
+    vector reads along the staged rows (f32: 128-bit loads of 4): each thread converts its ``vec`` values
+    and stores each part with one ``vec × 2``-byte store, instead of one load and two 2-byte stores each."""
+    if op.trans and len(op.rows_axes) != 1:
+        return False
+    fast = op.rows_axes[0] if op.trans else op.k
+    vec, loads = em.lane_plan([op.x], fast)
+    if vec == 1 or not loads or (op.rows if op.trans else op.kk) % vec or op.inner % vec:
+        return False
+    chunk = _CHUNK[vec]
+    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // vec}; pf_g += {em.threads})")
+    em.line(f"const int pf_e = pf_g * {vec};")
+    env = _staged_element(em, f"float pf_v[{vec}] = {{}};", op)
+    em.load_lanes(loads, env, vec)
+    for v, lane_env in em.lanes(env, fast, vec):
+        em.line(f"pf_v[{v}] = {em.convert(em.scalar(op.x, lane_env), op.x.dtype, dt.f32)};")
+    em.lane_arrays = {}
+    em.close()
+    em.line(f"const int pf_at = pf_e / {op.inner} * {op.stride} + pf_e % {op.inner};")
+    em.line(f"alignas(16) uint16_t pf_hi[{vec}];")
+    if op.split:
+        em.line(f"alignas(16) uint16_t pf_lo[{vec}];")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_l = 0; pf_l < {vec}; ++pf_l)")
+    em.line(f"pf_hi[pf_l] = pf::float_to_{low_name}(pf_v[pf_l]);")
+    if op.split:
+        em.line(f"pf_lo[pf_l] = pf::float_to_{low_name}(pf_v[pf_l] - pf::{low_name}_to_float(pf_hi[pf_l]));")
+    em.close()
+    em.line(f"*reinterpret_cast<{chunk}*>(&{arr}[pf_at]) = *reinterpret_cast<const {chunk}*>(pf_hi);")
+    if op.split:
+        em.line(f"*reinterpret_cast<{chunk}*>(&{arr}[{op.size} + pf_at]) = *reinterpret_cast<const {chunk}*>(pf_lo);")
     em.close()
     return True
 

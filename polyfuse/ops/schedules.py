@@ -71,14 +71,17 @@ GPU_ROW_TILE = 4096
 """Elements per step of the rolling loop of the row reductions on GPUs (``_fit`` halves it until the
 row spans two steps).  Measured on the H200 (rmsnorm_amax 4096×8192 f32): 1024 0.127 ms, 2048 0.104,
 4096 0.086; softmax 4096×4096: 1024 0.055, 2048 0.048."""
-GPU_GEMM_TILE = (64, 64, 64)
+GPU_GEMM_TILE = (64, 128, 64)
 """Rows × columns of C per thread block of quant_gemm on GPUs, and the k elements per step of its rolling loop.
 Measured on the H200 (M = K = N = 4096, f32 operands on tensor cores as bf16 hi + lo): 64×64×32 7.94 ms,
-64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46."""
-GPU_GATE_TILE = (16, 128)
+64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46; with C in registers and 128-bit staging
+(session 4): 64×64×64 4.51, 64×128×64 4.38, 64×64×128 4.93, 128×64×64 5.22, 128×128×64 8.31, 64×128×32 6.96."""
+GPU_GATE_TILE = (16, 256)
 """Token rows per thread block of moe_routing on GPUs (every expert column: E is small), and the hidden
 elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
-64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy)."""
+64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy); with
+128-bit staging of the f32 operands (session 4): 16×128 0.144, 16×256 0.129, 16×512 0.202, 32×128 0.147,
+32×256 0.143, 8×128 0.163."""
 GPU_PERFORMER_TILE = (64, 64, 64)
 """performer on GPUs: key rows per step of the key-side rolling loop (a step's tile of k·Pᵀ, 64×256 f32 = 64 KB
 at F = 256, is all of it that lives in a block), query rows per block and features per step of the query side.
