@@ -433,20 +433,27 @@ def _stage_raw(em: CudaEmitter, op: Staged, low: DType, arr: str) -> bool:
     found = raw_staging(em, op, low)
     if found is None:
         return False
-    load, conditions = found
+    _raw_groups(em, op, *found, arr, "uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);",
+                "pf_q = *reinterpret_cast<const uint4*>(&{src});", "*reinterpret_cast<uint4*>({dst}) = pf_q;")
+    return True
+
+
+def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Expr], arr: str,
+                declare: str, take: str, store: str) -> None:
+    """The loop over ``op``'s 16-bit values eight at a time: ``declare`` the zero value, ``take`` the group
+    at ``{src}`` where it exists and its conditions hold, then ``store`` it at ``{dst}`` in ``arr``."""
     em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // VEC16}; pf_g += {em.threads})")
     em.line(f"const int pf_e = pf_g * {VEC16};")
-    env = _staged_element(em, "uint4 pf_q = make_uint4(0u, 0u, 0u, 0u);", op)
-    source = f"pf_q = *reinterpret_cast<const uint4*>(&{em.access(load.tensor, load.index, env)});"
+    env = _staged_element(em, declare, op)
+    action = take.format(src=em.access(load.tensor, load.index, env))
     if conditions:
         test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
-        em.line(f"if ({test}) {source}")
+        em.line(f"if ({test}) {{ {action} }}")
     else:
-        em.line(source)
+        em.line(action)
     em.close()
-    em.line(f"*reinterpret_cast<uint4*>(&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}]) = pf_q;")
+    em.line(store.format(dst=f"&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}]"))
     em.close()
-    return True
 
 
 STAGE_GROUP = 4
@@ -505,19 +512,9 @@ def copy_async(em: CudaEmitter, op: Staged, low: DType, arr: str) -> None:
     outside the operand or under a false condition are zero-filled."""
     found = raw_staging(em, op, low)
     assert found is not None
-    load, conditions = found
-    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // VEC16}; pf_g += {em.threads})")
-    em.line(f"const int pf_e = pf_g * {VEC16};")
-    env = _staged_element(em, f"const {em.stype(low)}* pf_src = {load.tensor.name}; bool pf_ok = false;", op)
-    take = f"pf_src = &{em.access(load.tensor, load.index, env)}; pf_ok = true;"
-    if conditions:
-        test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
-        em.line(f"if ({test}) {{ {take} }}")
-    else:
-        em.line(take)
-    em.close()
-    em.line(f"pf::cp_async16(&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}], pf_src, pf_ok);")
-    em.close()
+    load = found[0]
+    _raw_groups(em, op, *found, arr, f"const {em.stype(low)}* pf_src = {load.tensor.name}; bool pf_ok = false;",
+                "pf_src = &{src}; pf_ok = true;", "pf::cp_async16({dst}, pf_src, pf_ok);")
 
 
 def _staged_element(em: CudaEmitter, declare: str, op: Staged) -> dict[str, str]:
