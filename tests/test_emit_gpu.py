@@ -378,6 +378,18 @@ def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
     assert not re.search(r"#pragma unroll\n\s*for \(int x_", rows)
 
 
+def test_min_blocks_asks_for_registers_that_let_blocks_reside(monkeypatch):
+    from polyfuse.emit_cpp import cuda
+
+    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
+    assert "__launch_bounds__(256)" in text and "__launch_bounds__(256, " not in text  # the default asks nothing
+    monkeypatch.setattr(cuda, "MIN_BLOCKS", 3)
+    source = emit(_tiles("attn_causal", "prefill"), CUDA)
+    (launch,) = source.launches
+    resident = min(3, cuda.SM_SHARED // (launch.shared + 1024))
+    assert f"__launch_bounds__(256, {resident})" in source.text
+
+
 def test_cheap_broadcasts_are_recomputed_not_staged():
     # The causal mask compares two index expressions: recomputed per element, not staged in
     # shared memory behind extra barriers; the costly exp(m_prev - m) is still computed once per row.

@@ -51,6 +51,13 @@ UNROLL_REDUCE = 16
 issued together).  Measured on the H200: MLA decode, whose combine reads 32 split partials per output
 from 8 blocks, 0.428 → 0.385 ms; unrolling the block-wide reductions of the row kernels as well made
 layernorm_stats slower (0.088 → 0.099 ms), so those are left alone."""
+MIN_BLOCKS: int | None = None
+"""Blocks per SM a block kernel asks the compiler to leave room for (``__launch_bounds__``), at most as many
+as its shared memory allows; None asks nothing (the default: not yet measured on a GPU).  Why it exists:
+with register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from
+4 to 2 resident blocks, and from 3.29 to 3.76 ms on the H200; 3 would cap it at 85 registers."""
+SM_SHARED = 228 * 1024
+"""Shared memory of one SM (H100/H200); each resident block also reserves 1 KB."""
 SHARED_LIMIT = 227 * 1024
 """Dynamic shared memory one block may opt into on sm_90 (H100/H200)."""
 _CHEAP_CALLS = ("neg", "not", "abs")
@@ -579,6 +586,12 @@ class CudaEmitter(CFamilyEmitter):
         self.depth -= 1
         self.line("}")
         self.line("")
+        resident = min(MIN_BLOCKS, SM_SHARED // (self.peak + 1024)) if MIN_BLOCKS else 0
+        if resident > 1:
+            # Ask the compiler for registers that let as many blocks reside as shared memory does (up to
+            # MIN_BLOCKS): the statements' barriers are hidden by the other resident blocks.
+            self.lines[header_at] = self.lines[header_at].replace(
+                f"__launch_bounds__({self.threads})", f"__launch_bounds__({self.threads}, {resident})")
         self.lines[header_at] += f"  // {self.peak} bytes of shared memory, {self.threads} threads"
         return Launch(name, blocks, self.threads, self.peak)
 
