@@ -106,18 +106,38 @@ def test_grouped_plan_structure_gqa():
     assert _blocks(partial) == sizes["B"] * 4 * 3 and _blocks(combine) == sizes["B"] * 4
 
 
-@pytest.mark.parametrize(("name", "groups", "splits", "steps", "products"), [
-    # MLA: 8 groups of 16 heads × 32 splits of 1024 keys in 16 steps of 64
-    ("attn_mla_decode", 8, 32, 16, ("16x64x576", "16x512x64")),
-    # GQA: one group of 8 heads per kv head × 32 splits of 1024 keys in 8 steps of 128
-    ("attn_gqa", 8, 32, 8, ("8x128x128", "8x128x128")),
+def test_combine_spread_over_column_blocks():
+    """The combine gets a block per 8 of dv's 16 columns: pv's combine computed at the column block, the row
+    statistics recomputed there, so that the column loop joins the combine's grid."""
+    op, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 8), Hq=8, Hkv=2, Skv=80)
+    trace = sch.trace.python()
+    assert 'sch.split(loop=sch.loop("out", "ax1"), factors=[None, 8])' in trace
+    assert "sch.compute_at(block='pv', loop=sch.loop(\"out\", \"ax1_0\"))" in trace
+    assert "sch.recompute_at(block='row_max', loop=sch.loop(\"out\", \"ax1_0\"))" in trace
+    partial, combine = emit(to_tiles(sch.program), CUDA).launches
+    assert _blocks(partial) == sizes["B"] * 4 * 3 and _blocks(combine) == sizes["B"] * 4 * 2
+
+
+def test_combine_columns_that_do_not_divide_dv_keep_one_block_per_group():
+    op, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 6), Hq=8, Hkv=2, Skv=80)
+    assert "recompute_at" not in sch.trace.python()
+    _, combine = emit(to_tiles(sch.program), CUDA).launches
+    assert _blocks(combine) == sizes["B"] * 4
+
+
+@pytest.mark.parametrize(("name", "groups", "splits", "steps", "products", "column_blocks"), [
+    # MLA: 8 groups of 16 heads × 32 splits of 1024 keys in 16 steps of 64; dv 512 combined 64 at a time
+    ("attn_mla_decode", 8, 32, 16, ("16x64x576", "16x512x64"), 8),
+    # GQA: one group of 8 heads per kv head × 32 splits of 1024 keys in 8 steps of 128; dv 128
+    ("attn_gqa", 8, 32, 8, ("8x128x128", "8x128x128"), 2),
 ])
-def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps, products):
+def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps, products, column_blocks):
     op = ops.get(name)
     sch = default_schedule(name, "decode", op.program("decode", **op.presets["decode"]), target="cuda")
     source = emit(to_tiles(sch.program), CUDA)
     partial, combine = source.launches
-    assert _blocks(partial) == groups * splits and _blocks(combine) == groups
+    assert _blocks(partial) == groups * splits
+    assert _blocks(combine) == groups * column_blocks  # the combine's grid: head groups × dv column blocks
     assert partial.shared <= 227 * 1024
     assert f"for (int j_1 = 0; j_1 < ({steps}); ++j_1)" in source.text
     scores, values = products
@@ -145,8 +165,11 @@ CASES = [
     ("attn_mla_decode", DecodeTiling(4, 16, 112), {"Skv": 100}),            # one split: no combine
     ("attn_causal", DecodeTiling(1, 16, 48), {"Skv": 100}),                 # MHA: one head per block
     ("attn_norm_inside", DecodeTiling(1, 16, 32), {"Skv": 80}),             # two producers of pv
+    ("attn_mla_decode", DecodeTiling(2, 16, 32, 8), {"Skv": 80}),           # combine: 7 blocks of 8 columns
+    ("attn_norm_inside", DecodeTiling(1, 16, 32, 4), {"Skv": 80}),          # combine: 4 blocks of 4 columns
+    ("attn_gqa", DecodeTiling(2, 16, 32, 8), {"Hq": 8, "Hkv": 2, "Skv": 80}),  # 2 column blocks
 ]
-IDS = [f"{n}-{'default' if t is None else f'{t.heads}x{t.tile}x{t.split}'}" for n, t, _ in CASES]
+IDS = [f"{n}-{'default' if t is None else f'{t.heads}x{t.tile}x{t.split}x{t.columns}'}" for n, t, _ in CASES]
 
 
 @pytest.mark.parametrize(("name", "tiling", "sizes"), CASES, ids=IDS)
@@ -157,7 +180,8 @@ def test_grouped_plan_matches_numpy_on_the_interpreters(name, tiling, sizes):
     _check(op, sizes, lambda inputs: interpret_tiles(tiles, inputs))
 
 
-@pytest.mark.parametrize(("name", "tiling", "sizes"), [CASES[2], CASES[4], CASES[5]], ids=[IDS[2], IDS[4], IDS[5]])
+@pytest.mark.parametrize(("name", "tiling", "sizes"), [CASES[i] for i in (2, 4, 5, 8, 9)],
+                         ids=[IDS[i] for i in (2, 4, 5, 8, 9)])
 def test_grouped_plan_matches_numpy_on_the_host(name, tiling, sizes):
     from polyfuse.pipeline import build
 

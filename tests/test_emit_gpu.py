@@ -265,15 +265,41 @@ def test_exact_16_bit_operands_stream_into_shared_memory_by_cp_async():
     assert text.count("pf::cp_async_wait<1>();") == 2 and text.count("pf::cp_async_wait<0>();") == 3
 
 
-def test_without_streaming_exact_16_bit_operands_are_staged_by_128_bit_copies():
+def test_without_streaming_exact_16_bit_operands_are_staged_by_cp_async():
+    # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between; each dot
+    # commits its copies and waits for them right before the barrier that publishes its operands.
     from polyfuse.emit_cpp.cuda import CudaEmitter
 
     class Plain(CudaEmitter):
         stream_stages = 0
 
     text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
+    assert "pf_q = *reinterpret_cast<const uint4*>" not in text
+    assert text.count("pf::cp_async16(") == 3
+    assert len(re.findall(r"pf::cp_async_commit\(\);\s*pf::cp_async_wait<0>\(\);\s*__syncthreads\(\);", text)) == 2
+
+
+def test_synchronous_staging_copies_through_registers_when_cp_async_is_off(monkeypatch):
+    from polyfuse.emit_cpp import mma
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+    class Plain(CudaEmitter):
+        stream_stages = 0
+
+    monkeypatch.setattr(mma, "ASYNC_STAGING", False)
+    text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
     assert "cp_async" not in text
-    assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3  # q, k and v; P is split hi+lo instead
+    assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3
+
+
+def test_staging_skips_the_padding_rows_of_a_single_query_row():
+    # Decode's one query row is padded to 16 rows for m16n8k16; only the real row is staged (the other
+    # rows' results are dropped): q's 128 elements in 16 groups of 8, P's 32 (one row of a 32-key tile),
+    # not 16 times as many.
+    text = emit(_tiles("attn_global", "decode", B=1, Skv=64, D=128, Dv=128), CUDA).text
+    assert "for (int pf_g = pf_tid; pf_g < 16; pf_g += 256)" in text
+    assert "for (int pf_e = pf_tid; pf_e < 32; pf_e += 256)" in text
+    assert "pf_g < 256;" not in text and "pf_e < 512;" not in text
 
 
 def _statement(text: str, block: str) -> str:

@@ -56,6 +56,8 @@ MIN_BLOCKS: int | None = None
 as its shared memory allows; None asks nothing (the default: not yet measured on a GPU).  Why it exists:
 with register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from
 4 to 2 resident blocks, and from 3.29 to 3.76 ms on the H200; 3 would cap it at 85 registers."""
+ELEMENT_UNROLL = 4
+"""Unroll factor of the loops over the elements a thread handles (tile copies, element-wise statements)."""
 SM_SHARED = 228 * 1024
 """Shared memory of one SM (H100/H200); each resident block also reserves 1 KB."""
 SHARED_LIMIT = 227 * 1024
@@ -134,8 +136,9 @@ class CudaEmitter(CFamilyEmitter):
             for n in walk_tile_expr(e))
 
     def element_loop(self, header: str) -> None:
-        """A loop over the elements a thread handles; unrolled by 4 so their loads are in flight together."""
-        self.line("#pragma unroll 4")
+        """A loop over the elements a thread handles; unrolled (``ELEMENT_UNROLL``) so their loads are in flight
+        together."""
+        self.line(f"#pragma unroll {ELEMENT_UNROLL}")
         self.open(header)
 
     def barrier(self) -> None:

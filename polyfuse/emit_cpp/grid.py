@@ -100,7 +100,8 @@ def _distribute(loop: Loop, tensors: dict[str, Tensor]) -> list[Loop]:
     stmts = _flatten(last.body)
     if len(stmts) < 2 or not isinstance(stmts[0], Loop):
         return [loop]
-    first, rest = stmts[0], Seq(tuple(stmts[1:]))
+    # One statement left stays bare, so that a loop of the combine can extend the grid chain.
+    first, rest = stmts[0], (stmts[1] if len(stmts) == 2 else Seq(tuple(stmts[1:])))
     in_first, in_rest = _tensors_used(first), _tensors_used(rest)
     allocs = allocated_at(last)
     promoted = [n for n in allocs if n in in_first and n in in_rest]

@@ -227,7 +227,13 @@ def serial_dot(em: CudaEmitter, e: Dot, env: dict[str, str], acc: str) -> str:
 class Staged:
     """How one operand of a tensor-core dot lies in shared memory: ``[k][rows]`` if ``trans``, else
     ``[rows][k]``, zero-padded to ``rows_pad`` × ``kp``, rows ``stride`` elements apart; a split
-    operand's lo part follows its hi part, ``size`` elements later."""
+    operand's lo part follows its hi part, ``size`` elements later.
+
+    Staging writes ``outer × inner`` elements.  ``[rows][k]`` operands skip their padding rows: row ``r``
+    of a product depends on row ``r`` of ``a`` (column of ``b``) only, and the epilogue drops padding
+    rows and columns, so whatever the shared memory held there never reaches a result (decode's single
+    query row stages 1 row of 16, not 16).  The padding of ``k`` is written as zeros: it enters every sum.
+    """
 
     x: Expr
     rows: int
@@ -243,7 +249,7 @@ class Staged:
 
     @property
     def outer(self) -> int:
-        return self.kp if self.trans else self.rows_pad
+        return self.kp if self.trans else self.rows
 
     @property
     def inner(self) -> int:
@@ -294,12 +300,17 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
     # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its
     # hi part.  An operand streamed by cp.async (polyfuse.emit_cpp.stream) is already in its buffer.
     arrays = []
+    copying = False
     for op, hint in ((a, "ta"), (b, "tb")):
         arr = em.fresh(hint)
         arrays.append(arr)
         if consume(em, op, arr):
             continue
         em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
+        if not op.split and ASYNC_STAGING and em.streaming is None and raw_staging(em, op, low) is not None:
+            copy_async(em, op, low, arr)
+            copying = True
+            continue
         if not op.split and _stage_raw(em, op, low, arr):
             continue
         if _stage_vector(em, op, low_name, arr):
@@ -315,6 +326,9 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
             em.line(f"{arr}[{op.size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
         em.close()
     sa, sb = arrays
+    if copying:
+        em.line("pf::cp_async_commit();")
+        em.line("pf::cp_async_wait<0>();")
     publish(em)
     warps = em.threads // em.warp
     mtiles, groups, per = warp_tiling(em, mp, np_)
@@ -456,6 +470,10 @@ def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Ex
     em.close()
 
 
+ASYNC_STAGING = True
+"""Raw 16-bit operands of a tensor-core dot outside a streamed loop are staged with cp.async (waited for
+before the dot's barrier) instead of through registers: every copy of a thread is in flight at once and
+none holds a register."""
 STAGE_GROUP = 4
 """Elements a thread converts and stores together when a staged operand has no vector reads.  Measured on
 the H200 (ms, 4 / 1 / 8): causal prefill S=4096 2.68 / 2.80 / 2.67, global prefill 1.61 / 1.70 / –; for

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ir.visit import loads
-from polyfuse.transforms.schedule import Schedule
+from polyfuse.transforms.schedule import LoopRef, Schedule
 
 PREFILL_TILE = (16, 16)
 """Query rows × key columns per tile of fused prefill attention."""
@@ -67,6 +67,9 @@ the same target cuts their splits to 256 keys, which the minimum below prevents.
 GPU_DECODE_MIN_SPLIT = 1024
 """Fewest keys per split when the keys are split (the combine reads one partial result per split: below
 about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
+GPU_COMBINE_COLUMNS = 32
+"""Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
+is otherwise one block per head group: 8 blocks at MLA's B=1 H=128)."""
 GPU_ROW_TILE = 4096
 """Elements per step of the rolling loop of the row reductions on GPUs (``_fit`` halves it until the
 row spans two steps).  Measured on the H200 (rmsnorm_amax 4096×8192 f32): 1024 0.127 ms, 2048 0.104,
@@ -124,12 +127,15 @@ class DecodeTiling:
 
     ``heads`` query heads sharing one kv head (a divisor of the group Hq/Hkv) are the rows of every tile;
     a block reduces ``split`` keys (a multiple of ``tile``) in steps of ``tile`` keys.  ``splits == 1``
-    needs no combine: the block rolls over all the keys.
+    needs no combine: the block rolls over all the keys.  The combine gives a block to each ``columns``
+    output columns of a head group (where they divide dv).
     """
 
     heads: int
     tile: int
     split: int
+    columns: int = GPU_COMBINE_COLUMNS
+    """Output columns (dv) per thread block of the combine kernel (see :func:`_spread_combine`)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
@@ -160,7 +166,7 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     units = batch * kv_heads * (group // heads)
     splits = max(1, min(-(-GPU_DECODE_BLOCKS // units), -(-keys // tile), keys // GPU_DECODE_MIN_SPLIT))
     split = -(-keys // splits)
-    return DecodeTiling(heads, tile, -(-split // tile) * tile)
+    return DecodeTiling(heads, tile, -(-split // tile) * tile, GPU_COMBINE_COLUMNS)
 
 
 def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None) -> None:
@@ -210,6 +216,30 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None) -> 
         for block in ("row_max", "row_sum", "pv") if split is None else ("row_max_rf", "row_sum_rf", "pv_rf"):
             sch.rolling_update(block, step)
     sch.reverse_compute_at("out", (grid or [i])[-1])
+    if split is not None:
+        _spread_combine(sch, (grid or [i])[-1], t.columns)
+
+
+def _spread_combine(sch: Schedule, anchor: LoopRef, columns: int) -> None:
+    """Give the split-k combine one thread block per ``columns`` output columns (dv) as well.
+
+    Without this the combine kernel's grid is the partial kernel's without the split: at MLA's B=1 H=128,
+    8 blocks for 8 MB of partial sums.  ``out``'s dv loop (its last) is split, the outer part moved right
+    under ``anchor`` (the combine's last grid loop) and ``pv``'s combine computed at it; ``row_sum`` and
+    ``row_max`` (a few numbers per row) are recomputed at every column block, so that the outer loop's
+    iterations share nothing and join the grid.
+    """
+    loops = sch.get_loops("out")
+    below = loops[[lp.name for lp in loops].index(anchor.name) + 1:]
+    extent = _extent(sch, below[-1])
+    if extent is None or extent <= columns or extent % columns:
+        return
+    outer, inner = sch.split(below[-1], [None, columns])
+    if len(below) > 1:
+        sch.reorder([outer, *below[:-1], inner])
+    sch.compute_at("pv", outer)
+    for block in ("row_sum", "row_max"):
+        sch.recompute_at(block, outer)
 
 
 def _kv_tensor(program: Program) -> Tensor:
