@@ -168,6 +168,7 @@ CASES = [
     ("attn_mla_decode", DecodeTiling(2, 16, 32, 8), {"Skv": 80}),           # combine: 7 blocks of 8 columns
     ("attn_norm_inside", DecodeTiling(1, 16, 32, 4), {"Skv": 80}),          # combine: 4 blocks of 4 columns
     ("attn_gqa", DecodeTiling(2, 16, 32, 8), {"Hq": 8, "Hkv": 2, "Skv": 80}),  # 2 column blocks
+    ("attn_mla_decode", DecodeTiling(2, 16, 32), {"Skv": 64}),              # no ragged tile: v read from k's tile
 ]
 IDS = [f"{n}-{'default' if t is None else f'{t.heads}x{t.tile}x{t.split}x{t.columns}'}" for n, t, _ in CASES]
 

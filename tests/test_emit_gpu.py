@@ -266,8 +266,10 @@ def test_exact_16_bit_operands_stream_into_shared_memory_by_cp_async():
 
 
 def test_without_streaming_exact_16_bit_operands_are_staged_by_cp_async():
-    # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between; each dot
-    # commits its copies and waits for them right before the barrier that publishes its operands.
+    # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between.  q does not
+    # change with the loop: copied once, at the first iteration, into a buffer of its own.  k and v are
+    # copied at every iteration; each dot commits its copies and waits for them right before the
+    # barrier that publishes its operands.
     from polyfuse.emit_cpp.cuda import CudaEmitter
 
     class Plain(CudaEmitter):
@@ -276,20 +278,40 @@ def test_without_streaming_exact_16_bit_operands_are_staged_by_cp_async():
     text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
+    assert re.search(r"if \(j_0 == 0\) \{\s*#pragma unroll 4\s*for \(int pf_g = pf_tid; pf_g < 32; pf_g \+= 256\) \{"
+                     r"[^}]*pf_src = &q\[", text)
+    assert re.search(r"uint16_t\* pf_ta\d+ = pf_stream\d+;", text)
     assert len(re.findall(r"pf::cp_async_commit\(\);\s*pf::cp_async_wait<0>\(\);\s*__syncthreads\(\);", text)) == 2
+    assert text.count("cp_async_wait<0>") == 3  # the two dots, and the drain after the loop
 
 
 def test_synchronous_staging_copies_through_registers_when_cp_async_is_off(monkeypatch):
-    from polyfuse.emit_cpp import mma
+    from polyfuse.emit_cpp import mma, stream
     from polyfuse.emit_cpp.cuda import CudaEmitter
 
     class Plain(CudaEmitter):
         stream_stages = 0
 
     monkeypatch.setattr(mma, "ASYNC_STAGING", False)
+    monkeypatch.setattr(stream, "KEEP_INVARIANT", False)
     text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
     assert "cp_async" not in text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3
+
+
+def test_mla_reads_its_value_tile_from_its_key_tile():
+    # MLA's v is kv[..., :Dv]: the value product reads the key tile the score product copied (rows at its
+    # pitch, qk dim 64 + 8), instead of copying the first Dv columns again.
+    text = emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text
+    assert text.count("// holds this operand (copied for score)") == 1
+    assert text.count("pf::cp_async16(") == 2  # q (once) and the kv tile
+    assert re.search(r"pf::ldmatrix_x2_trans\(pf_fb, &pf_tb\d+\[\(pf_kk \+ pf_lane % 16\) \* 72 \+ pf_nt \* 8\]\)", text)
+
+
+def test_a_masked_tile_is_not_shared():
+    # 40 keys in tiles of 16: the last tile is masked, so the value product copies its own tile.
+    text = emit(_tiles("attn_mla_decode", "decode"), CUDA).text
+    assert "holds this operand" not in text and text.count("pf::cp_async16(") == 3
 
 
 def test_staging_skips_the_padding_rows_of_a_single_query_row():
@@ -398,15 +420,18 @@ def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
 
 
 def test_min_blocks_asks_for_registers_that_let_blocks_reside(monkeypatch):
+    # Causal prefill's block takes 62 KB of shared memory at the bench preset: 3 blocks fit on an SM, and
+    # the kernel asks for registers that let 3 reside.  Global prefill's 42 KB let 5 reside: it asks nothing.
     from polyfuse.emit_cpp import cuda
 
-    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
-    assert "__launch_bounds__(256)" in text and "__launch_bounds__(256, " not in text  # the default asks nothing
-    monkeypatch.setattr(cuda, "MIN_BLOCKS", 3)
-    source = emit(_tiles("attn_causal", "prefill"), CUDA)
-    (launch,) = source.launches
-    resident = min(3, cuda.SM_SHARED // (launch.shared + 1024))
-    assert f"__launch_bounds__(256, {resident})" in source.text
+    for name, asks in (("attn_causal", True), ("attn_global", False)):
+        source = emit(_tiles(name, "prefill", **ops.get(name).presets["prefill"]), CUDA)
+        (launch,) = source.launches
+        resident = cuda.SM_SHARED // (launch.shared + 1024)
+        assert (resident <= cuda.MIN_BLOCKS) == asks
+        assert (f"__launch_bounds__(256, {resident})" in source.text) == asks
+    monkeypatch.setattr(cuda, "MIN_BLOCKS", None)
+    assert "__launch_bounds__(256, " not in emit(_tiles("attn_causal", "prefill"), CUDA).text
 
 
 def test_cheap_broadcasts_are_recomputed_not_staged():

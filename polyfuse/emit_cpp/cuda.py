@@ -36,7 +36,7 @@ from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry
 from polyfuse.errors import UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Call, Const, Expr
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
 from polyfuse.tiling.inline import inline_products
@@ -51,11 +51,14 @@ UNROLL_REDUCE = 16
 issued together).  Measured on the H200: MLA decode, whose combine reads 32 split partials per output
 from 8 blocks, 0.428 → 0.385 ms; unrolling the block-wide reductions of the row kernels as well made
 layernorm_stats slower (0.088 → 0.099 ms), so those are left alone."""
-MIN_BLOCKS: int | None = None
-"""Blocks per SM a block kernel asks the compiler to leave room for (``__launch_bounds__``), at most as many
-as its shared memory allows; None asks nothing (the default: not yet measured on a GPU).  Why it exists:
-with register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from
-4 to 2 resident blocks, and from 3.29 to 3.76 ms on the H200; 3 would cap it at 85 registers."""
+MIN_BLOCKS: int | None = 3
+"""A block kernel whose shared memory lets at most this many blocks reside on an SM (and more than one) asks
+the compiler (``__launch_bounds__``) for registers that let all of them reside; None asks nothing.  Why: with
+register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from 3 to 2
+resident blocks, and from 3.29 to 3.76 ms on the H200.  Measured on the H200 (ms, none / asking for 3 whatever
+the shared memory allows): softcap prefill 3.74 / 2.97, GQA 4.89 / 4.85, causal 2.55 / 2.54; but global
+prefill (42 KB, room for 5 blocks) 1.42 / 1.69 and norm_inside 1.99 / 2.13, where asking for 3 let the
+compiler use more registers than the kernel had, hence the rule on shared memory."""
 ELEMENT_UNROLL = 4
 """Unroll factor of the loops over the elements a thread handles (tile copies, element-wise statements)."""
 SM_SHARED = 228 * 1024
@@ -99,7 +102,8 @@ class CudaEmitter(CFamilyEmitter):
         """The loop whose operand tiles stream through cp.async (:mod:`~polyfuse.emit_cpp.stream`)."""
         self.block = ""
         """The block of the statement being emitted."""
-        self.stages = 0
+        self.stages: int | None = 0
+        self.unit_vars: dict[str, Var] = {}
         """Stream buffers of the kernel being emitted."""
         self.accumulators: dict[str, registers.Accumulator] = {}
         """Statements of the loop being emitted whose accumulators live in registers, by block."""
@@ -527,10 +531,11 @@ class CudaEmitter(CFamilyEmitter):
         without streaming."""
         at, depth = len(self.lines), self.depth
         most = stream.STREAM_STAGES if self.stream_stages is None else self.stream_stages
-        for stages in range(most, -1, -1):
+        attempts: list[int | None] = [*range(most, -1, -1), None]
+        for stages in attempts:
             self.stages = stages
             launch = self.nest_kernel_once(nest, name)
-            if stages == 0 or self.peak <= min(stream.STREAM_SHARED_BUDGET, SHARED_LIMIT):
+            if stages is None or self.peak <= min(stream.STREAM_SHARED_BUDGET, SHARED_LIMIT):
                 break
             del self.lines[at:]
             self.depth = depth
@@ -557,6 +562,9 @@ class CudaEmitter(CFamilyEmitter):
         self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)
+        # Grid loops of one iteration: their variables are 0 (stream.py compares tile offsets with that).
+        self.unit_vars = {lp.var.name: lp.var for lp in nest.chain
+                          if isinstance(lp.extent, Const) and lp.extent.value == 1}
         if nest.chain:
             self.line("int64_t pf_bid = blockIdx.x;")
             for lp in reversed(nest.chain):
@@ -589,10 +597,10 @@ class CudaEmitter(CFamilyEmitter):
         self.depth -= 1
         self.line("}")
         self.line("")
-        resident = min(MIN_BLOCKS, SM_SHARED // (self.peak + 1024)) if MIN_BLOCKS else 0
-        if resident > 1:
-            # Ask the compiler for registers that let as many blocks reside as shared memory does (up to
-            # MIN_BLOCKS): the statements' barriers are hidden by the other resident blocks.
+        resident = SM_SHARED // (self.peak + 1024)
+        if MIN_BLOCKS and 1 < resident <= MIN_BLOCKS:
+            # Ask the compiler for registers that let as many blocks reside as shared memory does: the
+            # statements' barriers are hidden by the other resident blocks.
             self.lines[header_at] = self.lines[header_at].replace(
                 f"__launch_bounds__({self.threads})", f"__launch_bounds__({self.threads}, {resident})")
         self.lines[header_at] += f"  // {self.peak} bytes of shared memory, {self.threads} threads"

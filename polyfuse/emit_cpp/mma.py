@@ -299,15 +299,18 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
             f"b as [{'k][n' if b.trans else 'n][k'}]{' split hi+lo' if b.split else ''}")
     # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its
     # hi part.  An operand streamed by cp.async (polyfuse.emit_cpp.stream) is already in its buffer.
-    arrays = []
+    arrays, operands = [], []
     copying = False
     for op, hint in ((a, "ta"), (b, "tb")):
         arr = em.fresh(hint)
         arrays.append(arr)
-        if consume(em, op, arr):
+        streamed = consume(em, op, arr)
+        operands.append(streamed or op)
+        if streamed is not None:
             continue
         em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
-        if not op.split and ASYNC_STAGING and em.streaming is None and raw_staging(em, op, low) is not None:
+        prefetching = em.streaming is not None and em.streaming.stages > 0
+        if not op.split and ASYNC_STAGING and not prefetching and raw_staging(em, op, low) is not None:
             copy_async(em, op, low, arr)
             copying = True
             continue
@@ -326,10 +329,11 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
             em.line(f"{arr}[{op.size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
         em.close()
     sa, sb = arrays
+    a, b = operands
     if copying:
         em.line("pf::cp_async_commit();")
         em.line("pf::cp_async_wait<0>();")
-    publish(em)
+    publish(em, waited=copying)
     warps = em.threads // em.warp
     mtiles, groups, per = warp_tiling(em, mp, np_)
     ntiles = np_ // 8
@@ -471,14 +475,17 @@ def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Ex
 
 
 ASYNC_STAGING = True
-"""Raw 16-bit operands of a tensor-core dot outside a streamed loop are staged with cp.async (waited for
-before the dot's barrier) instead of through registers: every copy of a thread is in flight at once and
-none holds a register."""
+"""Raw 16-bit operands of a tensor-core dot are staged with cp.async (waited for before the dot's barrier)
+instead of through registers, unless their loop prefetches (``stream.STREAM_STAGES``): every copy of a
+thread is in flight at once and none holds a register.  Measured on the H200 (ms, on / off): attn_global
+decode B=32 1.06 / 1.20, norm_inside decode B=32 1.11 / 1.42, causal decode 0.171 / 0.211, MLA decode 0.247 /
+0.277, global prefill 1.48 / 1.60, causal prefill 2.62 / 2.67, softcap prefill 3.74 / 3.72."""
 STAGE_GROUP = 4
 """Elements a thread converts and stores together when a staged operand has no vector reads.  Measured on
 the H200 (ms, 4 / 1 / 8): causal prefill S=4096 2.68 / 2.80 / 2.67, global prefill 1.61 / 1.70 / –; for
 decode's single query row 4 was slower (causal decode 0.216 / 0.193, norm_inside B=32 1.54 / 1.44), so
-operands whose rows are mostly padding are not grouped."""
+operands whose rows are mostly padding are not grouped.  It still was once their padding rows were no longer
+staged (session 5, 4 / 1: norm_inside B=32 1.26 / 1.08, global B=32 1.19 / 1.06, causal decode 0.157 / 0.157)."""
 _CHUNK = {2: "uint32_t", 4: "uint2", 8: "uint4"}
 """The integer type of ``vec`` 16-bit values, for one store."""
 
@@ -495,7 +502,7 @@ def _stage_vector(em: CudaEmitter, op: Staged, low_name: str, arr: str) -> bool:
     vec, loads = em.lane_plan([op.x], fast)
     if not loads:
         # No vector reads (attention's P, computed from shared scores): still grouped stores, unless most
-        # rows are padding (decode's one query row: grouping measured slower there).
+        # rows are padding (decode's one query row, see STAGE_GROUP).
         vec = STAGE_GROUP if op.rows * 2 >= op.rows_pad else 1
     if vec == 1 or extent % vec or op.inner % vec:
         return False
