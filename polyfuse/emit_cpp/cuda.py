@@ -60,7 +60,8 @@ the shared memory allows): softcap prefill 3.74 / 2.97, GQA 4.89 / 4.85, causal 
 prefill (42 KB, room for 5 blocks) 1.42 / 1.69 and norm_inside 1.99 / 2.13, where asking for 3 let the
 compiler use more registers than the kernel had, hence the rule on shared memory."""
 ELEMENT_UNROLL = 4
-"""Unroll factor of the loops over the elements a thread handles (tile copies, element-wise statements)."""
+"""Unroll factor of the loops over the elements a thread handles (tile copies, element-wise statements).
+Measured on the H200 (attn_global decode B=32, register-staged copies, ms): 2 1.39, 4 1.27, 8 1.68."""
 SM_SHARED = 228 * 1024
 """Shared memory of one SM (H100/H200); each resident block also reserves 1 KB."""
 SHARED_LIMIT = 227 * 1024

@@ -164,8 +164,10 @@ def open_streams(em: CudaEmitter, loop: Loop, stages: int | None) -> StreamLoop 
     held = _held(em, operands) if stages == 0 and SHARE_TILES else {}
     streams = {}
     for key, operand in operands.items():
-        if key in held or (stages == 0 and (key not in held.values() if operand.varies else not KEEP_INVARIANT)):
+        if key in held:
             continue
+        if stages == 0 and key not in held.values() and (operand.varies or not KEEP_INVARIANT):
+            continue  # staged per statement as without streams
         name = em.fresh("stream")
         buffers = max(stages, 1) if operand.varies else 1
         em.shared_array("uint16_t", name, operand.op.size * 2 * buffers)
