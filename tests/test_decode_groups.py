@@ -125,19 +125,20 @@ def test_combine_columns_that_do_not_divide_dv_keep_one_block_per_group():
     assert _blocks(combine) == sizes["B"] * 4
 
 
-@pytest.mark.parametrize(("name", "groups", "splits", "steps", "products", "column_blocks"), [
-    # MLA: 8 groups of 16 heads × 32 splits of 1024 keys in 16 steps of 64; dv 512 combined 64 at a time
-    ("attn_mla_decode", 8, 32, 16, ("16x64x576", "16x512x64"), 8),
+@pytest.mark.parametrize(("name", "groups", "splits", "steps", "products", "dv"), [
+    # MLA: 8 groups of 16 heads × 32 splits of 1024 keys in 16 steps of 64; dv 512
+    ("attn_mla_decode", 8, 32, 16, ("16x64x576", "16x512x64"), 512),
     # GQA: one group of 8 heads per kv head × 32 splits of 1024 keys in 8 steps of 128; dv 128
-    ("attn_gqa", 8, 32, 8, ("8x128x128", "8x128x128"), 2),
+    ("attn_gqa", 8, 32, 8, ("8x128x128", "8x128x128"), 128),
 ])
-def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps, products, column_blocks):
+def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps, products, dv):
     op = ops.get(name)
     sch = default_schedule(name, "decode", op.program("decode", **op.presets["decode"]), target="cuda")
     source = emit(to_tiles(sch.program), CUDA)
     partial, combine = source.launches
     assert _blocks(partial) == groups * splits
-    assert _blocks(combine) == groups * column_blocks  # the combine's grid: head groups × dv column blocks
+    # The combine's grid: head groups × blocks of GPU_COMBINE_COLUMNS output columns.
+    assert _blocks(combine) == groups * (dv // schedules.GPU_COMBINE_COLUMNS)
     assert partial.shared <= 227 * 1024
     assert f"for (int j_1 = 0; j_1 < ({steps}); ++j_1)" in source.text
     scores, values = products
