@@ -109,7 +109,7 @@ def test_grouped_plan_structure_gqa():
 def test_combine_spread_over_column_blocks():
     """The combine gets a block per 8 of dv's 16 columns: pv's combine computed at the column block, the row
     statistics recomputed there, so that the column loop joins the combine's grid."""
-    op, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 8), Hq=8, Hkv=2, Skv=80)
+    _, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 8), Hq=8, Hkv=2, Skv=80)
     trace = sch.trace.python()
     assert 'sch.split(loop=sch.loop("out", "ax1"), factors=[None, 8])' in trace
     assert "sch.compute_at(block='pv', loop=sch.loop(\"out\", \"ax1_0\"))" in trace
@@ -119,7 +119,7 @@ def test_combine_spread_over_column_blocks():
 
 
 def test_combine_columns_that_do_not_divide_dv_keep_one_block_per_group():
-    op, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 6), Hq=8, Hkv=2, Skv=80)
+    _, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 6), Hq=8, Hkv=2, Skv=80)
     assert "recompute_at" not in sch.trace.python()
     _, combine = emit(to_tiles(sch.program), CUDA).launches
     assert _blocks(combine) == sizes["B"] * 4

@@ -30,6 +30,7 @@ import math
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
+from polyfuse.emit_cpp.parallel import unit_loop
 from polyfuse.emit_cpp import registers, stream
 from polyfuse.emit_cpp.stream import StreamLoop, after_statement, close_streams, open_streams
 from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
@@ -54,7 +55,7 @@ layernorm_stats slower (0.088 → 0.099 ms), so those are left alone."""
 MIN_BLOCKS: int | None = 3
 """A block kernel whose shared memory lets at most this many blocks reside on an SM (and more than one) asks
 the compiler (``__launch_bounds__``) for registers that let all of them reside; None asks nothing.  Why: with
-register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from 3 to 2
+register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from 4 to 2
 resident blocks, and from 3.29 to 3.76 ms on the H200.  Measured on the H200 (ms, none / asking for 3 whatever
 the shared memory allows): softcap prefill 3.74 / 2.97, GQA 4.89 / 4.85, causal 2.55 / 2.54; but global
 prefill (42 KB, room for 5 blocks) 1.42 / 1.69 and norm_inside 1.99 / 2.13, where asking for 3 let the
@@ -564,8 +565,7 @@ class CudaEmitter(CFamilyEmitter):
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)
         # Grid loops of one iteration: their variables are 0 (stream.py compares tile offsets with that).
-        self.unit_vars = {lp.var.name: lp.var for lp in nest.chain
-                          if isinstance(lp.extent, Const) and lp.extent.value == 1}
+        self.unit_vars = {lp.var.name: lp.var for lp in nest.chain if unit_loop(lp)}
         if nest.chain:
             self.line("int64_t pf_bid = blockIdx.x;")
             for lp in reversed(nest.chain):

@@ -43,11 +43,12 @@ def parallel_depth(loop: Loop) -> int:
     chain = perfect_chain(loop)
     for depth in range(len(chain), 0, -1):
         if _independent(chain[:depth]):
-            return depth if any(not _unit(lp) for lp in chain[:depth]) else 0
+            return depth if any(not unit_loop(lp) for lp in chain[:depth]) else 0
     return 0
 
 
-def _unit(loop: Loop) -> bool:
+def unit_loop(loop: Loop) -> bool:
+    """Whether ``loop`` runs exactly once (a constant extent of 1)."""
     return isinstance(loop.extent, Const) and loop.extent.value == 1
 
 
@@ -83,7 +84,7 @@ def _independent(chain: list[Loop]) -> bool:
     for name in written:
         indices = [index for t, index, _ in accesses if t == name]
         for lp in chain:
-            if not _unit(lp) and not any(_separates(indices, d, lp.var.name, bound)
+            if not unit_loop(lp) and not any(_separates(indices, d, lp.var.name, bound)
                                          for d in range(len(indices[0]))):
                 return False
     return True

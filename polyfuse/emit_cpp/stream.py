@@ -269,14 +269,14 @@ def publish(em: CudaEmitter, waited: bool = False) -> None:
     used = list(state.using)
     state.using.clear()
     if state.stages == 0:
-        if waited:
-            pass
-        elif any(state.streams[k].varies for k in used):
+        if not waited:
+            # Copied at every iteration: wait now; copied once: wait at the first iteration only.
+            every = any(state.streams[k].varies for k in used)
+            if not every:
+                em.open(f"if ({j} == 0)")
             em.line("pf::cp_async_wait<0>();")
-        else:
-            em.open(f"if ({j} == 0)")
-            em.line("pf::cp_async_wait<0>();")
-            em.close()
+            if not every:
+                em.close()
         em.barrier()
         return
     em.open(f"if ({j} == 0)")
