@@ -248,20 +248,24 @@ def _cast(to: DType, src: DType, x: sympy.Basic) -> sympy.Basic:
 
 # ------------------------------------------------------------------ sympy -> IR
 
-def from_sympy(s: sympy.Basic, mapping: Mapping[sympy.Symbol, Expr], dtype: DType | str = dt.f32) -> Expr:
+def from_sympy(s: sympy.Basic, mapping: Mapping[sympy.Symbol, Expr], dtype: DType | str = dt.f32, *,
+               outer: sympy.Symbol | None = None) -> Expr:
     """Build IR for ``s``; ``mapping`` gives each free symbol's IR expression.
 
     Floating arithmetic happens in ``dtype``: float leaves of another dtype are
     cast to it, numbers become constants of it.  An all-integer expression stays
-    integer and a condition stays boolean.
+    integer and a condition stays boolean.  A product with the symbol ``outer`` as
+    a factor multiplies the other factors first and ``outer`` last: a repair
+    ``h = t·r/r'`` becomes ``(r/r')·t``, whose factor reads only the producers
+    (one value per row of a tile, computed once) and never divides ``t`` itself.
     """
-    out = _FromSympy(mapping, dt.dtype(dtype)).convert(s)
+    out = _FromSympy(mapping, dt.dtype(dtype), outer).convert(s)
     return out if isinstance(out, Expr) else const(out, dtype if not isinstance(out, bool) else dt.bool_)
 
 
 class _FromSympy:
-    def __init__(self, mapping: Mapping[sympy.Symbol, Expr], dtype: DType):
-        self.mapping, self.dtype = mapping, dtype
+    def __init__(self, mapping: Mapping[sympy.Symbol, Expr], dtype: DType, outer: sympy.Symbol | None = None):
+        self.mapping, self.dtype, self.outer = mapping, dtype, outer
 
     def fail(self, s: sympy.Basic, why: str) -> SymbolicError:
         return SymbolicError(f"cannot turn the sympy expression {s} into IR: {why}")
@@ -340,6 +344,9 @@ class _FromSympy:
         return out
 
     def do_Mul(self, s: sympy.Mul) -> Expr | Number:
+        if self.outer is not None and self.outer in sympy.Mul.make_args(s):
+            factor = self.floating(self.expr(self.convert(s / self.outer)))
+            return binop("*", factor, self.floating(self.symbol(self.outer)))
         coeff, rest = s.as_coeff_Mul()
         factors = [f for f in sympy.Mul.make_args(rest) if not f.is_number]
         coeff = coeff * sympy.Mul(*[f for f in sympy.Mul.make_args(rest) if f.is_number])

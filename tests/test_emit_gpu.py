@@ -376,6 +376,39 @@ def test_rolling_accumulators_stay_in_registers_across_the_loop():
     assert "C_shared[" not in gemm_loop
 
 
+def test_rolling_update_factors_are_read_once_per_fragment_row():
+    # The epilogue of a rolling update visits the thread's two fragment rows in turn and reads what the
+    # value reads per row (the statistics, the repair factor) once per row into registers: no per-element
+    # reads of amax, and quant_gemm's repair t·r/r' is (r/r')·t, its ratio computed once per row of the
+    # tile before the product instead of a division per element.
+    gemm = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text
+    update = _statement(gemm, "s_gemm")
+    epilogue = _epilogue(update)
+    element = epilogue[epilogue.index("for (int pf_j = 0"):]
+    assert re.search(r"const float pf_row\d+ = pf_t\d+\[x_ax0\];", epilogue)
+    assert "amax[" not in element and "amax_prev[" not in element and " / " not in element
+    assert re.search(r"pf_t\d+\[pf_e\] = \(amax_prev\[.*\] / amax\[.*\]\);", update)
+    # Attention's running max likewise (in global memory for a split decode's partials).
+    mla = _epilogue(_statement(emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text, "pv"))
+    per_element = mla[mla.index("for (int pf_j = 0"):]
+    assert "row_max[" not in per_element and "row_max[" in mla
+
+
+def _epilogue(code: str) -> str:
+    """The row-by-row epilogue of the tensor-core dot in ``code`` (up to the barrier after it)."""
+    start = code.index("for (int pf_h = 0; pf_h < 2; ++pf_h)")
+    return code[start:code.index("__syncthreads();", start)]
+
+
+def test_epilogue_guards_only_padding():
+    # 64 × 64 tiles of C: no row or column padding, so the epilogue has no guards; MLA's 2 × 4 query rows
+    # (4 heads of a block, padded to 16 for m16n8k16) over Dv = 56 columns (7 tiles of 8) guard the rows only.
+    gemm = _epilogue(_statement(emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text, "s_gemm"))
+    assert "if (pf_m < " not in gemm and "if (pf_n < " not in gemm
+    mla = _epilogue(_statement(emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text, "pv"))
+    assert "if (pf_m < 4)" in mla and "if (pf_n < " not in mla
+
+
 def test_accumulators_other_statements_read_stay_in_memory():
     from polyfuse.emit_cpp import registers
     from polyfuse.emit_cpp.cuda import CudaEmitter

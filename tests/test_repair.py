@@ -368,7 +368,7 @@ def test_apply_guard_keeps_fully_masked_prefixes_finite() -> None:
     np.testing.assert_array_equal(_run_apply(rep, vals, guard=True), [0.0, 0.0])
     assert np.isnan(_run_apply(rep, vals, guard=False)[0])
     assert str(rep.apply(row("acc")[i], {m[i]: row("m0")[i]}, {m[i]: row("m1")[i]})) == \
-        "select(eq(m0[i], m1[i]), acc[i], acc[i] * exp(m0[i] - m1[i]))"
+        "select(eq(m0[i], m1[i]), acc[i], exp(m0[i] - m1[i]) * acc[i])"
 
 
 def test_apply_names_a_missing_producer_value() -> None:

@@ -123,6 +123,17 @@ def test_back_conversion_is_clean_ir() -> None:
     assert ops(from_sympy(m**sympy.Rational(7, 3), mapping)) == {"pow"}
 
 
+def test_outer_symbol_multiplies_last() -> None:
+    # A repair h = t·r/r' with t kept outermost: the factor r/r' reads the producers only (one value per
+    # row of a tile), and t is never divided; without it sympy's order pairs t with the denominator.
+    t, r, r2 = sympy.symbols("t r r'", real=True)
+    acc, old, new = Tensor("acc", (N,), f32), Tensor("m0", (N,), f32), Tensor("m1", (N,), f32)
+    mapping = {t: acc[i], r: old[i], r2: new[i]}
+    assert str(from_sympy(t * r / r2, mapping, outer=t)) == "m0[i] / m1[i] * acc[i]"
+    assert str(from_sympy(-2 * t * sympy.exp(r - r2), mapping, outer=t)) == "-(2.0 * exp(m0[i] - m1[i])) * acc[i]"
+    assert str(from_sympy(t + r, mapping, outer=t)) == str(from_sympy(t + r, mapping))  # not a product
+
+
 def test_back_conversion_casts_leaves_to_the_target_dtype() -> None:
     h = sympy.Symbol("h", real=True)
     e = from_sympy(2 * h, {h: H[i]}, f32)

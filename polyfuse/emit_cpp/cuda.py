@@ -422,7 +422,20 @@ class CudaEmitter(CFamilyEmitter):
             else:
                 self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
 
-        emit_dot_into(self, e, write)
+        n_axes = [x for x in axes_of(e.b) if x != e.axis and x not in axes_of(e.a)]
+        hoisted = _row_values(s.value, e, own, n_axes)
+
+        def rows(env: dict[str, str]) -> None:
+            for x in hoisted:
+                name = self.fresh("row")
+                self.line(f"const {self.ctype(x.dtype)} {name} = {self.scalar(x, env)};")
+                self.overrides[x] = name
+
+        try:
+            emit_dot_into(self, e, write, rows)
+        finally:
+            for x in hoisted:
+                self.overrides.pop(x, None)
         if in_registers:
             acc.used = True
         return True
@@ -648,6 +661,39 @@ class CudaEmitter(CFamilyEmitter):
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
+
+
+def _row_values(value: Expr, dot: Expr, own: set, n_axes: list[str]) -> list[Expr]:
+    """The largest parts of a dot epilogue's ``value`` that are the same along the dot's columns
+    (``n_axes``): the repair factors and statistics of a rolling update, read once per row of the
+    thread's fragment instead of once per element.  Not the dot, the accumulator's own elements,
+    reductions, or integer division (whose divisor a select may guard)."""
+    from polyfuse.tiling.htile import Reduce, depends_on, tile_children, walk_tile_expr
+
+    def fixed(x: Expr) -> bool:
+        if any(depends_on(x, a) for a in n_axes):
+            return False
+        for n in walk_tile_expr(x):
+            if n == dot or n in own or isinstance(n, (Reduce, type(dot))):
+                return False
+            if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
+                return False
+        return True
+
+    found: list[Expr] = []
+
+    def visit(x: Expr) -> None:
+        if isinstance(x, (Var, Const, Reduce)) or x == dot or x in own or x in found:
+            return
+        if fixed(x):
+            if any(isinstance(n, (TileLoad, Var)) for n in walk_tile_expr(x)):
+                found.append(x)  # (a constant stays in the text: the compiler folds it)
+            return
+        for c in tile_children(x):
+            visit(c)
+
+    visit(value)
+    return found
 
 
 def _elementwise_path(root: Expr, target: Expr) -> bool:

@@ -22,7 +22,11 @@ of 8 with zeros, each in the layout that keeps its global reads coalesced: ``[m]
 ``ldmatrix`` (``.trans`` for the transposed layouts) turns rows into fragments.  Rows are padded
 by 8 elements so that the eight rows one ``ldmatrix`` reads fall in different banks.  Each warp
 owns a 16-row strip and up to eight 8-column tiles of the output, whose accumulators stay in
-registers across the k loop; the epilogue adds ``acc`` and writes the block's result array.
+registers across the k loop; the epilogue adds ``acc`` and writes the block's result array.  (Several
+accumulator sets over interleaved k steps, so that a warp with one tile does not wait for each mma in
+turn, measured slower on the H200: global prefill 1.24 → 1.49 ms, decode B=32 1.05 → 1.13, MLA 0.136 →
+0.140.)  A statement computed in a dot's epilogue is written row by row: what its value reads per row
+(a rolling update's factor and statistics) is read once per fragment row, not once per element.
 
 Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs, except
 those with few outputs and a long ``k``, which are block reductions of the products.
@@ -136,11 +140,16 @@ def emit_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...], pitch: i
         _mma_dot(em, e, name, low, pitch)
 
 
-def emit_dot_into(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None]) -> None:
-    """A tensor-core dot whose epilogue hands each result (f32 text) to ``write(env, value)``."""
+def emit_dot_into(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],
+                  rows: Callable[[dict[str, str]], None] | None = None) -> None:
+    """A tensor-core dot whose epilogue hands each result (f32 text) to ``write(env, value)``.
+
+    The epilogue visits the thread's two fragment rows in turn; ``rows(env)`` is called once per row,
+    before its columns, with the row's axes bound: what it declares there is in scope for ``write``.
+    """
     low = mma_type(em, e)
     assert low is not None
-    _mma_dot(em, e, None, low, None, write)
+    _mma_dot(em, e, None, low, None, write, rows)
 
 
 def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
@@ -286,7 +295,8 @@ def warp_tiling(em: CudaEmitter, mp: int, np_: int) -> tuple[int, int, int]:
 
 
 def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
-             write: Callable[[dict[str, str], str], None] | None = None) -> None:
+             write: Callable[[dict[str, str], str], None] | None = None,
+             rows: Callable[[dict[str, str]], None] | None = None) -> None:
     from polyfuse.emit_cpp.stream import consume, publish
 
     a, b = staging(em, e)
@@ -366,17 +376,14 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
     em.close()
     em.close()
     # Epilogue: thread holds rows lane/4 (+8) and columns 2*(lane%4) (+1) of each 16x8 tile.
+    if write is not None:
+        _row_epilogue(em, e, write, rows, (mm, mp, m_axes), (nn, per, groups, n_axes))
+        em.close()
+        return
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line("#pragma unroll")
-    if write is not None:
-        em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
-        em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + (pf_q / 2) * 8;")
-        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_q % 2;")
-        em.open(f"if (pf_m < {mm} && pf_n < {nn})")
-        env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
-        write(env, em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype))
-    elif pitch is not None:
+    if pitch is not None:
         # Pairs of neighbouring columns (nn is even, so both or neither exist) as one 8-byte store.
         em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
         em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + pf_h * 8;")
@@ -398,6 +405,34 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
     em.close()
     em.close()
     em.close()
+
+
+def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],
+                  rows: Callable[[dict[str, str]], None] | None, m: tuple, n: tuple) -> None:
+    """The epilogue of a dot written through ``write``: row by row (``pf_h``: rows lane/4 and lane/4 + 8 of
+    the warp's strip), ``rows(env)`` first, then the row's columns (``pf_q = 2·pf_h + pf_j``).  A guard is
+    emitted only where padding exists: rows past ``mm``, columns past ``nn`` or past the last tile."""
+    mm, mp, m_axes = m
+    nn, per, groups, n_axes = n
+    em.line("#pragma unroll")
+    em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
+    em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + pf_h * 8;")
+    em.open(f"if (pf_m < {mm})" if mm < mp else "")
+    row_env = em.decode(m_axes, "pf_m")
+    if rows is not None:
+        rows(row_env)
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+    em.line("const int pf_q = pf_h * 2 + pf_j;")
+    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_j;")
+    em.open(f"if (pf_n < {nn})" if nn < groups * per * 8 else "")
+    env = {**row_env, **em.decode(n_axes, "pf_n")}
+    em.line(" ".join(f"(void){v};" for v in env.values()))  # the value may read none of them
+    write(env, em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype))
+    for _ in range(5):
+        em.close()
 
 
 def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:

@@ -138,7 +138,7 @@ class Repair:
         mapping.update(zip(self.state, state, strict=True))
         for sym, leaf in self.symbols:
             mapping.setdefault(sym, leaf)
-        h = from_sympy(self.h, mapping, self.dtype)
+        h = from_sympy(self.h, mapping, self.dtype, outer=self.t)
         if not guard or not unchanged:
             return h
         return select(functools.reduce(logical_and, unchanged), cast(self.dtype, t), h)
