@@ -102,15 +102,19 @@ def test_quant_gemm_is_one_cta_kernel_over_the_output_tiles():
     ((kind, chain),) = [(n.kind, [lp.var.name for lp in n.chain]) for n in nests]
     assert kind == CTA and chain == ["i_0", "n_0"]
     source = emit(tp, CUDA)
-    (launch,) = source.launches
+    # W, read by every row block, is split into bf16 hi + lo once, by a kernel launched first
+    # (polyfuse.emit_cpp.presplit); the GEMM copies both parts raw.
+    split, launch = source.launches
+    assert split.kernel == "polyfuse_quant_gemm_split_W" and launch.kernel == "polyfuse_quant_gemm_k0"
     assert launch.threads == 256
     assert "for (int k_0 = 0; k_0 < (3); ++k_0)" in source.text
+    assert "W_pf_hi[" in source.text and "W_pf_lo[" in source.text
 
 
 def test_quant_gemm_preset_launch():
     op = ops.get("quant_gemm")
     source = emit(tiles("quant_gemm", **op.presets["default"]), CUDA)
-    (launch,) = source.launches
+    _, launch = source.launches
     grid = launch.blocks
     blocks = int(grid.value) if hasattr(grid, "value") else int(grid.a.value) * int(grid.b.value)
     rows, cols, _ = GPU_GEMM_TILE
@@ -144,7 +148,10 @@ def test_moe_plan_tiles_token_rows_with_the_gate_product_inside():
 def test_moe_preset_launch():
     op = ops.get("moe_routing")
     source = emit(tiles("moe_routing", **op.presets["default"]), CUDA)
-    (launch,) = source.launches
+    # The gate weights, read by every token block, are split into bf16 hi + lo first; x is not (each
+    # block reads its own rows).
+    split, launch = source.launches
+    assert split.kernel == "polyfuse_moe_routing_split_w"
     assert int(launch.blocks.value) == 4096 // GPU_GATE_TILE[0]  # type: ignore[attr-defined]
     assert 0 < launch.shared <= 227 * 1024
 
@@ -209,10 +216,11 @@ def test_performer_bench_launches_split_the_key_side():
     source = emit(tiles("performer", **sizes), CUDA)
     heads, splits = sizes["B"] * sizes["H"], gpu_performer_tiling(sizes["B"], sizes["H"], sizes["L"]).splits(sizes["L"])
     assert splits == 16
-    blocks = [simplify(launch.blocks) for launch in source.launches]
+    assert source.launches[0].kernel == "polyfuse_performer_split_proj"  # the projection, split once
+    blocks = [simplify(launch.blocks) for launch in source.launches[1:]]
     # the split partials, their combines (one block per head), the query tiles
     assert [int(b.value) for b in blocks if isinstance(b, Const)] == [heads * splits, heads, heads * sizes["L"] // 64]
-    assert all(0 < launch.shared <= 227 * 1024 for launch in source.launches)
+    assert all(0 < launch.shared <= 227 * 1024 for launch in source.launches[1:])
 
 
 def test_performer_split_plan_rolls_each_split_over_its_steps():

@@ -34,11 +34,13 @@ those with few outputs and a long ``k``, which are block reductions of the produ
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from polyfuse.emit_cpp import presplit
 from polyfuse.emit_cpp.cfamily import axis_var
 from polyfuse.emit_cpp.vector import aligned
 from polyfuse.ir import dtypes as dt
@@ -309,20 +311,23 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
             f"b as [{'k][n' if b.trans else 'n][k'}]{' split hi+lo' if b.split else ''}")
     # Stage a and b (zero padding), the contiguous axis fastest; a split operand's lo part follows its
     # hi part.  An operand streamed by cp.async (polyfuse.emit_cpp.stream) is already in its buffer.
-    arrays, operands = [], []
-    copying = False
+    arrays, operands, plans = [], [], []
     for op, hint in ((a, "ta"), (b, "tb")):
         arr = em.fresh(hint)
         arrays.append(arr)
         streamed = consume(em, op, arr)
         operands.append(streamed or op)
-        if streamed is not None:
-            continue
-        em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
-        prefetching = em.streaming is not None and em.streaming.stages > 0
-        if not op.split and ASYNC_STAGING and not prefetching and raw_staging(em, op, low) is not None:
-            copy_async(em, op, low, arr)
+        if streamed is None:
+            em.shared_array("uint16_t", arr, op.size * 2 * (2 if op.split else 1))
+            plans.append((op, arr, _async_copies(em, op, low)))
+    # The cp.async copies first: they are in flight while the other operand is converted.
+    copying = False
+    for op, arr, copies in plans:
+        for part, offset in copies or ():
+            copy_async(em, part, low, f"({arr} + {offset})" if offset else arr)
             copying = True
+    for op, arr, copies in plans:
+        if copies is not None:
             continue
         if not op.split and _stage_raw(em, op, low, arr):
             continue
@@ -433,6 +438,23 @@ def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str]
     write(env, em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype))
     for _ in range(5):
         em.close()
+
+
+def _async_copies(em: CudaEmitter, op: Staged, low: DType) -> list[tuple[Staged, int]] | None:
+    """The raw 16-bit parts of ``op`` to stage by cp.async, each with its offset in the staged array: the
+    operand itself (``ASYNC_STAGING``), or the hi and lo arrays of a tensor split before the kernel
+    (:mod:`polyfuse.emit_cpp.presplit`); None where ``op`` is staged through registers, or where its
+    loop prefetches (its tiles arrive by :mod:`polyfuse.emit_cpp.stream`)."""
+    if em.streaming is not None and em.streaming.stages > 0:
+        return None
+    halves = presplit.parts(em, op)
+    if halves is not None:
+        parts = [dataclasses.replace(op, x=h, split=False) for h in halves]
+        if all(raw_staging(em, part, low) is not None for part in parts):
+            return [(parts[0], 0), (parts[1], op.size)]
+    if not op.split and ASYNC_STAGING and raw_staging(em, op, low) is not None:
+        return [(op, 0)]
+    return None
 
 
 def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:

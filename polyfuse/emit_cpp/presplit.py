@@ -1,0 +1,133 @@
+"""f32 input operands of tensor-core products split into bf16 hi + lo once, by a kernel of their own.
+
+A product of two f32 operands runs on tensor cores on bf16 parts, ``hi = bf16(x)`` and
+``lo = bf16(x - hi)`` (:mod:`polyfuse.emit_cpp.mma`).  Staging computes them per tile, so where an input
+tensor's tile does not move with every grid loop of its kernel, every block that reads the tile converts
+it again, at every step of its loop: quant_gemm's ``W[k, n]`` is read by all M/64 row blocks.  For such a
+tensor the CUDA source starts with a kernel that splits it once into two bf16 scratch arrays ``T_pf_hi``
+and ``T_pf_lo`` (the same function, ``pf::float_to_bf16``, so the same parts), and the product copies
+both parts into shared memory with cp.async, as it copies a 16-bit operand: no conversion and no
+registers in the loop, for one more pass over the tensor (read 4 bytes, write 2 + 2 per element).
+
+Only plain loads qualify (no mask, a static shape whose element count is a multiple of 4): the split
+kernel reads the tensor four elements at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.grid import CTA
+from polyfuse.emit_cpp.parallel import unit_loop
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.expr import Const, Expr, Var
+from polyfuse.ir.stmt import INPUT, TEMP, Tensor
+from polyfuse.emit_cpp.target import Launch
+from polyfuse.tiling.htile import Dot, Permute, Slice, TileLoad, TileStore, axis_sizes, walk_tile_expr, walk_tile_stmts
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+    from polyfuse.emit_cpp.grid import GridNest
+    from polyfuse.emit_cpp.mma import Staged
+
+PRESPLIT = True
+"""Split f32 input operands that several blocks read once, before the kernels that read them."""
+THREADS = 256
+VEC = 4
+"""f32 elements a thread of the split kernel reads with one 128-bit load."""
+
+
+def plan(em: CudaEmitter, nests: tuple[GridNest, ...]) -> dict[str, tuple[Tensor, Tensor]]:
+    """The input tensors to split before the kernels, each with its hi and lo scratch arrays."""
+    from polyfuse.emit_cpp.mma import mma_type
+
+    found: dict[str, tuple[Tensor, Tensor]] = {}
+    if not PRESPLIT or not em.tensor_cores:
+        return found
+    saved = getattr(em, "sizes", {})
+    for nest in nests:
+        if nest.kind != CTA:
+            continue
+        grid = {lp.var.name for lp in nest.chain if not unit_loop(lp)}
+        for s in walk_tile_stmts(nest.body):
+            if not isinstance(s, TileStore):
+                continue
+            em.sizes = axis_sizes(s)
+            for e in walk_tile_expr(s.value):
+                if not isinstance(e, Dot) or mma_type(em, e) != dt.bf16:
+                    continue
+                for x in (e.a, e.b):
+                    load = _plain_load(x)
+                    if load is None or load.tensor.name in found or not grid - _variables(load):
+                        continue
+                    t = load.tensor
+                    size = _numel(t)
+                    if size is None or size % VEC:
+                        continue
+                    found[t.name] = tuple(Tensor(f"{t.name}_pf_{part}", t.shape, dt.bf16, TEMP)
+                                          for part in ("hi", "lo"))
+    em.sizes = saved
+    return found
+
+
+def parts(em: CudaEmitter, op: Staged) -> tuple[TileLoad, TileLoad] | None:
+    """The loads of the hi and lo arrays that hold split operand ``op``, if its tensor was split."""
+    load = _plain_load(op.x) if op.split else None
+    if load is None or load.tensor.name not in em.presplit:
+        return None
+    return tuple(dataclasses.replace(load, tensor=part) for part in em.presplit[load.tensor.name])
+
+
+def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
+    """One kernel per split tensor, each thread splitting ``VEC`` neighbours per step of a grid-stride loop."""
+    launches = []
+    for name, (hi, lo) in em.presplit.items():
+        total = _numel(em.tensors[name]) // VEC
+        kernel = f"{entry}_split_{name}"
+        em.line(f"{em.kernel_qualifiers(THREADS)} {kernel}({em.parameters()})")
+        em.line("{")
+        em.depth += 1
+        em.line(f"// {name} into bf16 {hi.name} + {lo.name}, as tensor-core staging splits it")
+        em.open(f"for (int64_t pf_g = static_cast<int64_t>(blockIdx.x) * {THREADS} + threadIdx.x; pf_g < {total}; "
+                f"pf_g += static_cast<int64_t>(gridDim.x) * {THREADS})")
+        em.line(f"alignas(16) float pf_v[{VEC}];")
+        em.line(f"*reinterpret_cast<uint4*>(pf_v) = reinterpret_cast<const uint4*>({name})[pf_g];")
+        em.line(f"alignas(8) uint16_t pf_hi[{VEC}];")
+        em.line(f"alignas(8) uint16_t pf_lo[{VEC}];")
+        em.line("#pragma unroll")
+        em.open(f"for (int pf_l = 0; pf_l < {VEC}; ++pf_l)")
+        em.line("pf_hi[pf_l] = pf::float_to_bf16(pf_v[pf_l]);")
+        em.line("pf_lo[pf_l] = pf::float_to_bf16(pf_v[pf_l] - pf::bf16_to_float(pf_hi[pf_l]));")
+        em.close()
+        for part, values in ((hi, "pf_hi"), (lo, "pf_lo")):
+            em.line(f"reinterpret_cast<uint2*>({part.name})[pf_g] = *reinterpret_cast<const uint2*>({values});")
+        em.close()
+        em.depth -= 1
+        em.line("}")
+        em.line("")
+        blocks = max(1, min(-(-total // THREADS), 1 << 20))
+        launches.append(Launch(kernel, Const(blocks, dt.i64), THREADS, 0))
+    return tuple(launches)
+
+
+def _plain_load(x: Expr) -> TileLoad | None:
+    """The unmasked load of an f32 input tensor that ``x`` is (possibly permuted), else None."""
+    while isinstance(x, Permute):
+        x = x.tile
+    if isinstance(x, TileLoad) and x.mask is None and x.tensor.role == INPUT and x.tensor.dtype == dt.f32:
+        return x
+    return None
+
+
+def _variables(load: TileLoad) -> set[str]:
+    """The loop variables the position of ``load``'s tile depends on."""
+    exprs = [i.start if isinstance(i, Slice) else i for i in load.index]
+    return {n.name for e in exprs for n in walk_tile_expr(e) if isinstance(n, Var)}
+
+
+def _numel(t: Tensor) -> int | None:
+    if all(isinstance(d, Const) for d in t.shape):
+        return math.prod(int(d.value) for d in t.shape)
+    return None
