@@ -26,7 +26,10 @@ registers across the k loop; the epilogue adds ``acc`` and writes the block's re
 accumulator sets over interleaved k steps, so that a warp with one tile does not wait for each mma in
 turn, measured slower on the H200: global prefill 1.24 → 1.49 ms, decode B=32 1.05 → 1.13, MLA 0.136 →
 0.140.)  A statement computed in a dot's epilogue is written row by row: what its value reads per row
-(a rolling update's factor and statistics) is read once per fragment row, not once per element.
+(a rolling update's factor and statistics) is read once per fragment row, not once per element
+(measured on the H200: MLA decode 0.208 → 0.136 ms, MLA B=32 0.674 → 0.480, quant_gemm 4.42 → 3.17,
+causal prefill 2.54 → 2.10, together with the repair's factor computed per row, see
+:func:`polyfuse.symbolic.from_sympy`).
 
 Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs, except
 those with few outputs and a long ``k``, which are block reductions of the products.

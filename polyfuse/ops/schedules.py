@@ -82,7 +82,9 @@ GPU_GEMM_TILE = (64, 128, 64)
 """Rows × columns of C per thread block of quant_gemm on GPUs, and the k elements per step of its rolling loop.
 Measured on the H200 (M = K = N = 4096, f32 operands on tensor cores as bf16 hi + lo): 64×64×32 7.94 ms,
 64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46; with C in registers and 128-bit staging
-(session 4): 64×64×64 4.51, 64×128×64 4.38, 64×64×128 4.93, 128×64×64 5.22, 128×128×64 8.31, 64×128×32 6.96."""
+(session 4): 64×64×64 4.51, 64×128×64 4.38, 64×64×128 4.93, 128×64×64 5.22, 128×128×64 8.31, 64×128×32 6.96;
+with W split once before the kernel (session 6): 64×128×64 2.93, 128×128×32 3.61, 64×128×32 4.97, 64×256×64 4.03,
+128×64×64 4.14."""
 GPU_GATE_TILE = (16, 256)
 """Token rows per thread block of moe_routing on GPUs (every expert column: E is small), and the hidden
 elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
