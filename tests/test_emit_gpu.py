@@ -305,7 +305,8 @@ def test_mla_reads_its_value_tile_from_its_key_tile():
     text = emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text
     assert text.count("// holds this operand (copied for score)") == 1
     assert text.count("pf::cp_async16(") == 2  # q (once) and the kv tile
-    assert re.search(r"pf::ldmatrix_x2_trans\(pf_fb, &pf_tb\d+\[\(pf_kk \+ pf_lane % 16\) \* 72 \+ pf_nt \* 8\]\)", text)
+    assert re.search(r"pf::ldmatrix_x2_trans\(pf_fb, &pf_tb\d+\[\(pf_kk \+ pf_lane % 16\) \* 72 \+ pf_nt \* 8\]\)",
+                     text)
 
 
 def test_a_masked_tile_is_not_shared():
@@ -407,6 +408,21 @@ def test_epilogue_guards_only_padding():
     assert "if (pf_m < " not in gemm and "if (pf_n < " not in gemm
     mla = _epilogue(_statement(emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text, "pv"))
     assert "if (pf_m < 4)" in mla and "if (pf_n < " not in mla
+
+
+def test_presplit_is_a_kernel_of_its_own_and_can_be_turned_off(monkeypatch):
+    # quant_gemm's W (read by every row block) is split by a first kernel; the GEMM copies both parts with
+    # cp.async into the hi and lo halves of its staged tile, and converts nothing of W itself.
+    from polyfuse.emit_cpp import presplit
+
+    source = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA)
+    assert [launch.kernel for launch in source.launches] == ["polyfuse_quant_gemm_split_W", "polyfuse_quant_gemm_k0"]
+    assert [a.name for a in source.args][-2:] == ["W_pf_hi", "W_pf_lo"]
+    gemm = _statement(source.text, "s_gemm")
+    assert re.search(r"pf::cp_async16\(&\(pf_tb\d+ \+ \d+\)\[", gemm) and "W[" not in gemm
+    monkeypatch.setattr(presplit, "PRESPLIT", False)
+    plain = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA)
+    assert len(plain.launches) == 1 and "W_pf_hi" not in plain.text and "W[" in _statement(plain.text, "s_gemm")
 
 
 def test_accumulators_other_statements_read_stay_in_memory():

@@ -110,7 +110,8 @@ class CudaEmitter(CFamilyEmitter):
         self.accumulators: dict[str, registers.Accumulator] = {}
         """Statements of the loop being emitted whose accumulators live in registers, by block."""
         self.presplit: dict[str, tuple] = {}
-        """f32 input tensors split into bf16 hi + lo scratch arrays before the kernels (:mod:`~polyfuse.emit_cpp.presplit`)."""
+        """f32 input tensors split into bf16 hi + lo scratch arrays before the kernels
+        (:mod:`~polyfuse.emit_cpp.presplit`)."""
 
     # ------------------------------------------------------------ table of differences
     def kernel_qualifiers(self, threads: int) -> str:
@@ -672,13 +673,13 @@ def _row_values(value: Expr, dot: Expr, own: set, n_axes: list[str]) -> list[Exp
     (``n_axes``): the repair factors and statistics of a rolling update, read once per row of the
     thread's fragment instead of once per element.  Not the dot, the accumulator's own elements,
     reductions, or integer division (whose divisor a select may guard)."""
-    from polyfuse.tiling.htile import Reduce, depends_on, tile_children, walk_tile_expr
+    from polyfuse.tiling.htile import tile_children, walk_tile_expr
 
     def fixed(x: Expr) -> bool:
         if any(depends_on(x, a) for a in n_axes):
             return False
         for n in walk_tile_expr(x):
-            if n == dot or n in own or isinstance(n, (Reduce, type(dot))):
+            if n == dot or n in own or isinstance(n, (Reduce, Dot)):
                 return False
             if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
                 return False

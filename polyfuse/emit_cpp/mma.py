@@ -325,7 +325,7 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
             plans.append((op, arr, _async_copies(em, op, low)))
     # The cp.async copies first: they are in flight while the other operand is converted.
     copying = False
-    for op, arr, copies in plans:
+    for _, arr, copies in plans:
         for part, offset in copies or ():
             copy_async(em, part, low, f"({arr} + {offset})" if offset else arr)
             copying = True

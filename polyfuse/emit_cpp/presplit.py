@@ -65,10 +65,10 @@ def plan(em: CudaEmitter, nests: tuple[GridNest, ...]) -> dict[str, tuple[Tensor
                         continue
                     t = load.tensor
                     size = _numel(t)
-                    if size is None or size % VEC:
-                        continue
-                    found[t.name] = tuple(Tensor(f"{t.name}_pf_{part}", t.shape, dt.bf16, TEMP)
-                                          for part in ("hi", "lo"))
+                    names = [f"{t.name}_pf_{part}" for part in ("hi", "lo")]
+                    if size is None or size % VEC or any(n in em.tensors for n in names):
+                        continue  # (a program tensor of that name: the operand is converted per tile instead)
+                    found[t.name] = tuple(Tensor(n, t.shape, dt.bf16, TEMP) for n in names)
     em.sizes = saved
     return found
 
