@@ -105,8 +105,9 @@ class CudaEmitter(CFamilyEmitter):
         self.block = ""
         """The block of the statement being emitted."""
         self.stages: int | None = 0
+        """Stream buffers per varying operand of the kernel being emitted (None: no streams; see ``nest_kernel``)."""
         self.unit_vars: dict[str, Var] = {}
-        """Stream buffers of the kernel being emitted."""
+        """Grid loops of one iteration of the kernel being emitted, by name (their variables are 0)."""
         self.accumulators: dict[str, registers.Accumulator] = {}
         """Statements of the loop being emitted whose accumulators live in registers, by block."""
         self.presplit: dict[str, tuple] = {}
