@@ -385,7 +385,7 @@ class CudaEmitter(CFamilyEmitter):
         writes the element, after the operands are staged, so this is safe unless the value reads
         the temporary at other elements.
         """
-        from polyfuse.emit_cpp.mma import emit_dot_into, mma_type
+        from polyfuse.emit_cpp.mma import emit_dot_into, mma_type, staging
         from polyfuse.tiling.htile import walk_tile_expr
 
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
@@ -426,8 +426,7 @@ class CudaEmitter(CFamilyEmitter):
             else:
                 self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
 
-        n_axes = [x for x in axes_of(e.b) if x != e.axis and x not in axes_of(e.a)]
-        hoisted = _row_values(s.value, e, own, n_axes)
+        hoisted = _row_values(s.value, e, own, staging(self, e)[1].rows_axes)
 
         def rows(env: dict[str, str]) -> None:
             for x in hoisted:
@@ -669,7 +668,7 @@ class CudaEmitter(CFamilyEmitter):
                             self.target, launches)
 
 
-def _row_values(value: Expr, dot: Expr, own: set, n_axes: list[str]) -> list[Expr]:
+def _row_values(value: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> list[Expr]:
     """The largest parts of a dot epilogue's ``value`` that are the same along the dot's columns
     (``n_axes``): the repair factors and statistics of a rolling update, read once per row of the
     thread's fragment instead of once per element.  Not the dot, the accumulator's own elements,

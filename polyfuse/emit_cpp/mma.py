@@ -341,10 +341,11 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
         em.line(f"pf_v = {em.convert(em.scalar(op.x, env), op.x.dtype, dt.f32)};")
         em.close()
         em.line(f"const int pf_at = pf_e / {op.inner} * {op.stride} + pf_e % {op.inner};")
-        em.line(f"const uint16_t pf_hi = pf::float_to_{low_name}(pf_v);")
+        hi, lo = split_parts(low_name, "pf_v", "pf_hi")
+        em.line(f"const uint16_t pf_hi = {hi};")
         em.line(f"{arr}[pf_at] = pf_hi;")
         if op.split:
-            em.line(f"{arr}[{op.size} + pf_at] = pf::float_to_{low_name}(pf_v - pf::{low_name}_to_float(pf_hi));")
+            em.line(f"{arr}[{op.size} + pf_at] = {lo};")
         em.close()
     sa, sb = arrays
     a, b = operands
@@ -458,6 +459,13 @@ def _async_copies(em: CudaEmitter, op: Staged, low: DType) -> list[tuple[Staged,
     if not op.split and ASYNC_STAGING and raw_staging(em, op, low) is not None:
         return [(op, 0)]
     return None
+
+
+def split_parts(low: str, value: str, hi: str) -> tuple[str, str]:
+    """C text of the 16-bit parts of f32 ``value``: ``hi = round(value)`` and ``lo = round(value - hi)``,
+    ``hi`` naming where the hi part is held.  Every split (staging, :mod:`polyfuse.emit_cpp.presplit`) uses
+    this one definition, so the parts are the same wherever they are made."""
+    return f"pf::float_to_{low}({value})", f"pf::float_to_{low}({value} - pf::{low}_to_float({hi}))"
 
 
 def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:
@@ -581,9 +589,10 @@ def _stage_vector(em: CudaEmitter, op: Staged, low_name: str, arr: str) -> bool:
         em.line(f"alignas(16) uint16_t pf_lo[{vec}];")
     em.line("#pragma unroll")
     em.open(f"for (int pf_l = 0; pf_l < {vec}; ++pf_l)")
-    em.line(f"pf_hi[pf_l] = pf::float_to_{low_name}(pf_v[pf_l]);")
+    hi, lo = split_parts(low_name, "pf_v[pf_l]", "pf_hi[pf_l]")
+    em.line(f"pf_hi[pf_l] = {hi};")
     if op.split:
-        em.line(f"pf_lo[pf_l] = pf::float_to_{low_name}(pf_v[pf_l] - pf::{low_name}_to_float(pf_hi[pf_l]));")
+        em.line(f"pf_lo[pf_l] = {lo};")
     em.close()
     em.line(f"*reinterpret_cast<{chunk}*>(&{arr}[pf_at]) = *reinterpret_cast<const {chunk}*>(pf_hi);")
     if op.split:

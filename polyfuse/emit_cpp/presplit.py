@@ -5,8 +5,8 @@ A product of two f32 operands runs on tensor cores on bf16 parts, ``hi = bf16(x)
 tensor's tile does not move with every grid loop of its kernel, every block that reads the tile converts
 it again, at every step of its loop: quant_gemm's ``W[k, n]`` is read by all M/64 row blocks.  For such a
 tensor the CUDA source starts with a kernel that splits it once into two bf16 scratch arrays ``T_pf_hi``
-and ``T_pf_lo`` (the same function, ``pf::float_to_bf16``, so the same parts), and the product copies
-both parts into shared memory with cp.async, as it copies a 16-bit operand: no conversion and no
+and ``T_pf_lo`` (by :func:`~polyfuse.emit_cpp.mma.split_parts`, as staging does, so the same parts), and
+the product copies both parts into shared memory with cp.async, as it copies a 16-bit operand: no conversion and no
 registers in the loop, for one more pass over the tensor (read 4 bytes, write 2 + 2 per element).
 
 Only plain loads qualify (no mask, a static shape whose element count is a multiple of 4): the split
@@ -83,6 +83,8 @@ def parts(em: CudaEmitter, op: Staged) -> tuple[TileLoad, TileLoad] | None:
 
 def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
     """One kernel per split tensor, each thread splitting ``VEC`` neighbours per step of a grid-stride loop."""
+    from polyfuse.emit_cpp.mma import split_parts
+
     launches = []
     for name, (hi, lo) in em.presplit.items():
         total = _numel(em.tensors[name]) // VEC
@@ -99,8 +101,9 @@ def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
         em.line(f"alignas(8) uint16_t pf_lo[{VEC}];")
         em.line("#pragma unroll")
         em.open(f"for (int pf_l = 0; pf_l < {VEC}; ++pf_l)")
-        em.line("pf_hi[pf_l] = pf::float_to_bf16(pf_v[pf_l]);")
-        em.line("pf_lo[pf_l] = pf::float_to_bf16(pf_v[pf_l] - pf::bf16_to_float(pf_hi[pf_l]));")
+        hi_part, lo_part = split_parts("bf16", "pf_v[pf_l]", "pf_hi[pf_l]")
+        em.line(f"pf_hi[pf_l] = {hi_part};")
+        em.line(f"pf_lo[pf_l] = {lo_part};")
         em.close()
         for part, values in ((hi, "pf_hi"), (lo, "pf_lo")):
             em.line(f"reinterpret_cast<uint2*>({part.name})[pf_g] = *reinterpret_cast<const uint2*>({values});")
