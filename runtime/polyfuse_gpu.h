@@ -138,6 +138,16 @@ template <class T> PF_DEV T shfl_xor(T v, int lane_mask) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 #endif
 }
+// Orders the shared and global memory accesses of a warp's (wavefront's) lanes; every lane must call it.
+PF_DEV void syncwarp() {
+#if defined(__HIPCC__)
+    __builtin_amdgcn_fence(__ATOMIC_RELEASE, "wavefront");
+    __builtin_amdgcn_wave_barrier();
+    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, "wavefront");
+#else
+    __syncwarp();
+#endif
+}
 
 // ---------------------------------------------------------------- tensor cores (CUDA, sm_80+)
 #if !defined(__HIPCC__)

@@ -380,15 +380,16 @@ def test_rolling_accumulators_stay_in_registers_across_the_loop():
 def test_rolling_update_factors_are_read_once_per_fragment_row():
     # The epilogue of a rolling update visits the thread's two fragment rows in turn and reads what the
     # value reads per row (the statistics, the repair factor) once per row into registers: no per-element
-    # reads of amax, and quant_gemm's repair t·r/r' is (r/r')·t, its ratio computed once per row of the
-    # tile before the product instead of a division per element.
+    # reads of amax, and quant_gemm's repair t·r/r' is (r/r')·t, its ratio computed once per fragment row
+    # instead of a division per element, and without a pass of its own through shared memory before the
+    # product.
     gemm = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text
     update = _statement(gemm, "s_gemm")
     epilogue = _epilogue(update)
     element = epilogue[epilogue.index("for (int pf_j = 0"):]
-    assert re.search(r"const float pf_row\d+ = pf_t\d+\[x_ax0\];", epilogue)
+    assert re.search(r"const float pf_row\d+ = \(amax_prev\[.*\] / amax\[.*\]\);", epilogue)
     assert "amax[" not in element and "amax_prev[" not in element and " / " not in element
-    assert re.search(r"pf_t\d+\[pf_e\] = \(amax_prev\[.*\] / amax\[.*\]\);", update)
+    assert "pf_e] = (amax_prev[" not in update
     # Attention's running max likewise (in global memory for a split decode's partials).
     mla = _epilogue(_statement(emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text, "pv"))
     per_element = mla[mla.index("for (int pf_j = 0"):]
@@ -496,3 +497,103 @@ def test_gpu_header_converts_16_bit_floats_with_cvt():
 
     header = (Path(__file__).resolve().parents[1] / "runtime" / "polyfuse_gpu.h").read_text()
     assert "cvt.rn.f16.f32" in header and "cvt.f32.f16" in header and "cvt.rn.bf16.f32" in header
+
+
+# Sizes without padding (multiples of every tile), where the rolling loops' statistics are row groups;
+# MLA's Skv gives four splits and a combine kernel.
+ROW_GROUP_CASES = [("attn_mla_decode", "decode", {"H": 16, "Skv": 4096, "Dv": 64, "Drope": 16}),
+                   ("attn_causal", "prefill", {"Sq": 128, "Skv": 128}),
+                   ("quant_gemm", "default", {"M": 128, "K": 192, "N": 128})]
+
+
+def _loop_body(text: str, header: str) -> str:
+    """The text of the first loop whose header starts with ``header`` (up to its closing brace)."""
+    start = text.index(header)
+    depth, at = 0, text.index("{", start)
+    for k in range(at, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[k], 0)
+        if depth == 0:
+            return text[start:k + 1]
+    raise AssertionError(f"unclosed loop {header!r}")
+
+
+def test_rolling_statistics_are_one_row_group(monkeypatch):
+    # The split decode's rolling loop: the saved maximum, the maximum, the row sum of the tile and the
+    # rolling row sum are one pass (the row sum moved ahead of the independent value product), 16 lanes per
+    # head reducing by shuffles; lane 0 stores after a warp barrier.  Five block barriers per key tile
+    # instead of ten, and the product's repair factor is computed per fragment row, not in a pass of its own.
+    from polyfuse.emit_cpp import rows
+
+    sizes = ROW_GROUP_CASES[0][2]
+    loop = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
+    assert "// row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf\n" in loop
+    assert loop.index("// row group:") < loop.index("// pv_rf\n")
+    group = _statement(loop, "row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf")
+    assert "const int pf_rl = pf_tid % 16, pf_rr = pf_tid / 16;" in group
+    assert group.count("pf::shfl_xor(") == 2 and group.count("__syncthreads();") == 1  # the one after it
+    assert group.index("pf::syncwarp();") < group.index("if (pf_rl == 0 && pf_rr < 16) {")
+    assert loop.count("__syncthreads();") == 5
+    assert not re.search(r"pf_t\d+\[pf_e\] = exp\(", loop)
+    monkeypatch.setattr(rows, "ROW_GROUPS", False)
+    plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
+    assert "// row group" not in plain and plain.count("__syncthreads();") == 10
+
+
+def test_row_group_forwards_values_in_registers():
+    # Later statements of the group read what earlier ones wrote from registers: the rolling sum reads the
+    # new maximum and the saved one without loading them, and each value is stored once, by lane 0.
+    sizes = ROW_GROUP_CASES[0][2]
+    text = emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text
+    group = _statement(text, "row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf")
+    compute, stores = group.split("pf::syncwarp();")
+    assert "row_max_rf_prev[" not in compute and "row_sum_rf_rf[" not in compute
+    assert compute.count("row_max_rf[") == 2  # the save and the maximum read the previous tile's value
+    for tensor in ("row_max_rf_prev", "row_max_rf", "row_sum_rf_rf", "row_sum_rf"):
+        assert len(re.findall(rf"\b{tensor}\[[^;]*\] = pf_g\d+;", stores)) == 1
+
+
+def test_row_groups_stop_at_reads_of_other_rows():
+    # A statement that reads another row of a tensor the group writes cannot join it (the row is another
+    # lane group's, stored only at the end of the pass); a statement reading its own row can.
+    import dataclasses
+
+    from polyfuse.emit_cpp import rows
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+    from polyfuse.ir.expr import Const
+    from polyfuse.tiling.htile import Slice, TileLoad, TileStore
+
+    tiles = _tiles("attn_causal", "prefill", **ROW_GROUP_CASES[1][2])
+    em = CudaEmitter(tiles, CUDA)
+    stores = {s.block: s for s in _stores(em.program.body)}
+    save, rmax = stores["row_max_save"], stores["row_max"]
+    assert rows.split(em, [save, rmax]) == [[save, rmax]]
+    shifted = tuple(dataclasses.replace(i, start=Const(1, i.start.dtype)) if isinstance(i, Slice) else i
+                    for i in rmax.index)
+    other_row = TileStore("other_row", save.tensor, save.index, TileLoad(rmax.tensor, shifted))
+    same_row = TileStore("same_row", save.tensor, save.index, TileLoad(rmax.tensor, rmax.index))
+    assert rows.split(em, [save, rmax, other_row]) == [[save, rmax], [other_row]]
+    assert rows.split(em, [save, rmax, same_row]) == [[save, rmax, same_row]]
+
+
+def _stores(s):
+    from polyfuse.ir.stmt import Loop, Seq
+    from polyfuse.tiling.htile import TileStore
+
+    if isinstance(s, TileStore):
+        yield s
+    elif isinstance(s, Seq):
+        for c in s.stmts:
+            yield from _stores(c)
+    elif isinstance(s, Loop):
+        yield from _stores(s.body)
+
+
+@pytest.mark.parametrize(("name", "mode", "sizes"), ROW_GROUP_CASES)
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_row_groups_compile(name, mode, sizes, backend):
+    tool = "nvcc" if backend == "cuda" else "hipcc"
+    if shutil.which(tool) is None and not (backend == "hip" and os.path.exists("/opt/rocm/bin/hipcc")):
+        pytest.skip(f"needs {tool}")
+    source = emit(_tiles(name, mode, backend, **sizes), CUDA if backend == "cuda" else HIP)
+    assert "// row group:" in source.text
+    compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, compile_only=True)

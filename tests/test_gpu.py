@@ -73,6 +73,30 @@ def test_presplit_operands_match_numpy(loader, name, sizes, split):
         assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
 
 
+@pytest.mark.parametrize(("name", "mode", "sizes"), [
+    ("attn_mla_decode", "decode", {"H": 16, "Skv": 4096, "Dv": 64, "Drope": 16}),
+    ("attn_causal", "prefill", {"Sq": 128, "Skv": 128}), ("attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 256}),
+    ("quant_gemm", "default", {"M": 128, "K": 192, "N": 128}), ("softmax", "default", {})])
+def test_row_groups_give_the_same_bits(monkeypatch, name, mode, sizes):
+    # A run of row statements computed in one pass (polyfuse.emit_cpp.rows) evaluates the same expressions
+    # in the same order as the statement-by-statement code: the outputs are bit for bit those without it,
+    # and match NumPy.  (Sizes without padding: a masked statement is not part of a row group.)
+    from polyfuse.emit_cpp import rows
+
+    op, sizes, grouped = _kernel(name, mode, **sizes)
+    monkeypatch.setattr(rows, "ROW_GROUPS", False)
+    _, _, plain = _kernel(name, mode, **sizes)
+    assert ("// row group:" in grouped.kernel_source.text) == (name != "softmax")
+    assert "// row group:" not in plain.kernel_source.text
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(4, mode, sizes, magnitude)
+        a, b = grouped.run(inputs), plain.run(inputs)
+        for key in a:
+            assert np.array_equal(a[key], b[key], equal_nan=True), f"{key} at magnitude {magnitude:g}"
+        result = ops.compare(a, op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+
+
 @pytest.mark.parametrize("loader", ["pycuda", "cuda-python"])
 @pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"),
                                            ("softmax", "default")])

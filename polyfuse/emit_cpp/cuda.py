@@ -31,14 +31,14 @@ import math
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
 from polyfuse.emit_cpp.parallel import unit_loop
-from polyfuse.emit_cpp import presplit, registers, stream
+from polyfuse.emit_cpp import presplit, registers, rows, stream
 from polyfuse.emit_cpp.stream import StreamLoop, after_statement, close_streams, open_streams
 from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
 from polyfuse.errors import UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
-from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
+from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
 from polyfuse.tiling.inline import inline_products
 from polyfuse.tiling.simplify import simplify_tiles
@@ -110,6 +110,8 @@ class CudaEmitter(CFamilyEmitter):
         """Grid loops of one iteration of the kernel being emitted, by name (their variables are 0)."""
         self.accumulators: dict[str, registers.Accumulator] = {}
         """Statements of the loop being emitted whose accumulators live in registers, by block."""
+        self.per_row: tuple[Expr, set, tuple[str, ...]] | None = None
+        """While a dot's epilogue is planned: the dot, the accumulator's loads and the dot's column axes."""
         self.presplit: dict[str, tuple] = {}
         """f32 input tensors split into bf16 hi + lo scratch arrays before the kernels
         (:mod:`~polyfuse.emit_cpp.presplit`)."""
@@ -140,6 +142,8 @@ class CudaEmitter(CFamilyEmitter):
         """
         from polyfuse.tiling.htile import walk_tile_expr
 
+        if self.per_row is not None and _per_row(e, *self.per_row):
+            return False  # a dot's epilogue computes it once per fragment row (_row_values)
         return super().worth_hoisting(e) and any(
             (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
             or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow"))
@@ -153,6 +157,20 @@ class CudaEmitter(CFamilyEmitter):
 
     def barrier(self) -> None:
         self.line("__syncthreads();")
+
+    def warp_barrier(self) -> str:
+        return "pf::syncwarp();"
+
+    def stmt(self, s: Stmt) -> None:
+        """A sequence's runs of row statements are emitted as row groups (:mod:`~polyfuse.emit_cpp.rows`)."""
+        if not isinstance(s, Seq):
+            super().stmt(s)
+            return
+        for part in rows.split(self, rows.reorder(self, list(s.stmts))):
+            if isinstance(part, list):
+                rows.emit(self, part)
+            else:
+                self.stmt(part)
 
     def loop(self, s: Loop) -> None:
         """A loop of a block: its rolling accumulators stay in registers (:mod:`~polyfuse.emit_cpp.registers`)
@@ -397,7 +415,10 @@ class CudaEmitter(CFamilyEmitter):
                 or mma_type(self, dots[0]) is None or not _elementwise_path(s.value, dots[0])):
             return False
         e = dots[0]
+        own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
+        n_axes = staging(self, e)[1].rows_axes
         self.materialized[e] = _Materialized("", ())  # a placeholder: the dot is not materialized
+        self.per_row = (e, own, n_axes)
         try:
             if self.reads_other_elements(s) or any(
                     isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
@@ -406,7 +427,7 @@ class CudaEmitter(CFamilyEmitter):
             self.materialize_within(s.value)
         finally:
             del self.materialized[e]
-        own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
+            self.per_row = None
         if in_registers and any(n in own for m in self.materialized for n in walk_tile_expr(m)):
             in_registers = False  # a hoisted operand reads the accumulator: it must stay in memory
             if not shared:
@@ -426,7 +447,7 @@ class CudaEmitter(CFamilyEmitter):
             else:
                 self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
 
-        hoisted = _row_values(s.value, e, own, staging(self, e)[1].rows_axes)
+        hoisted = _row_values(s.value, e, own, n_axes)
 
         def rows(env: dict[str, str]) -> None:
             for x in hoisted:
@@ -676,14 +697,7 @@ def _row_values(value: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> li
     from polyfuse.tiling.htile import tile_children, walk_tile_expr
 
     def fixed(x: Expr) -> bool:
-        if any(depends_on(x, a) for a in n_axes):
-            return False
-        for n in walk_tile_expr(x):
-            if n == dot or n in own or isinstance(n, (Reduce, Dot)):
-                return False
-            if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
-                return False
-        return True
+        return _per_row(x, dot, own, n_axes)
 
     found: list[Expr] = []
 
@@ -699,6 +713,21 @@ def _row_values(value: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> li
 
     visit(value)
     return found
+
+
+def _per_row(x: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> bool:
+    """Whether a dot epilogue computes ``x`` once per fragment row: it is the same along the dot's
+    columns and holds no dot, accumulator element, reduction or integer division."""
+    from polyfuse.tiling.htile import walk_tile_expr
+
+    if any(depends_on(x, a) for a in n_axes):
+        return False
+    for n in walk_tile_expr(x):
+        if n == dot or n in own or isinstance(n, (Reduce, Dot)):
+            return False
+        if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
+            return False
+    return True
 
 
 def _elementwise_path(root: Expr, target: Expr) -> bool:

@@ -1,0 +1,211 @@
+"""Row groups: consecutive per-row statements of a thread block computed in one pass (CUDA, HIP).
+
+A *row statement* stores one value per row of a tile — its index has one tile axis, the row
+axis — possibly reducing along another axis: a rolling update's statistics (``m = max(m, max_j
+s)``, ``s' = s·exp(m - m') + Σ_j exp(x - m')``, the saved previous maximum), a combine over
+splits.  Emitted one by one (:meth:`CudaEmitter.store`), each statement is a pass of its own:
+its reductions go through shared memory, its elementwise part runs on as many threads as it has
+rows (16 of 256 for a decode head group), and a barrier follows each.  A rolling loop of
+attention has four of them per key tile.
+
+A run of row statements over the same row axis is emitted as one pass instead.  The block's
+threads are split into ``R`` groups of ``L`` lanes (``L`` a power of two, at most a warp), one
+group per row; every lane of a group evaluates the group's statements for its row, in order:
+
+* a reduction along another axis takes elements ``lane, lane + L, …`` and combines across the
+  group by xor shuffles, so every lane ends with the row's result;
+* a statement's value stays in a register, and later statements of the group that read the
+  tensor it writes, at the element it writes, read the register instead;
+* after all statements, lane 0 of each row stores the values (after a warp barrier, so that no
+  lane still reads an old value it overwrites).
+
+Every value is computed by the same expression, in the same order, as in the statement-by-statement
+code: a reduction runs on ``min(L, length)`` lanes (``length`` rounded up to a power of two), each
+lane combining every such element (a few neighbours at once where they can be read as one vector),
+then by a butterfly of shuffles, as :meth:`CudaEmitter.block_reduce` does.  The group needs every read,
+within it, of a tensor it writes to be of the written element: a statement that reads another
+row's value starts a new pass.  Tensors written before the group are read from memory, published
+by the barrier that ends every pass.
+
+Row statements are also moved up, past independent statements (no tensor one writes is read or
+written by the other), to join the row statements before them: the rolling update's row sum
+joins its row maximum ahead of the value product.  On the H200, MLA decode's loop went from ten
+barriers per key tile to six (measured in :data:`ROW_GROUPS`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
+from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileStore, axes_of, walk_tile_expr
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+    from polyfuse.ir.stmt import Stmt
+
+ROW_GROUPS = True
+"""Emit runs of row statements as one pass (see the module docstring)."""
+
+
+def row_axis(em: CudaEmitter, s: Stmt) -> tuple[str, int] | None:
+    """``(axis, rows)`` if ``s`` is a row statement the block can compute in a row group, else None."""
+    if not isinstance(s, TileStore) or s.mask is not None or s.reducer is not None:
+        return None
+    axes = [i for i in s.index if isinstance(i, Slice)]
+    if len(axes) != 1 or em.stype(s.tensor.dtype) != em.ctype(s.tensor.dtype):
+        return None
+    axis, rows = axes[0].axis, axes[0].size
+    if _lanes(em, rows) is None:
+        return None
+    for n in walk_tile_expr(s.value):
+        if isinstance(n, Dot):
+            return None
+        if isinstance(n, Reduce):
+            if n.axis == axis or set(axes_of(n)) - {axis}:
+                return None
+            if any(isinstance(m, (Reduce, Dot)) for m in walk_tile_expr(n.tile)):
+                return None
+    if set(axes_of(s.value)) - {axis}:
+        return None
+    if any(isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
+           for n in walk_tile_expr(s.value)):
+        return None
+    return axis, rows
+
+
+def _lanes(em: CudaEmitter, rows: int) -> int | None:
+    """Lanes per row: a power of two, at most a warp, with the groups using at least ¾ of the block."""
+    if rows > em.threads:
+        return None
+    lanes = min(em.warp, 1 << ((em.threads // rows).bit_length() - 1))
+    return lanes if rows * lanes * 4 >= em.threads * 3 else None
+
+
+def _reads(s: TileStore) -> set[str]:
+    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
+    exprs += [i.start if isinstance(i, Slice) else i for i in s.index]
+    return {n.tensor.name for x in exprs for n in walk_tile_expr(x) if isinstance(n, TileLoad)}
+
+
+def _independent(a: Stmt, b: Stmt) -> bool:
+    if not (isinstance(a, TileStore) and isinstance(b, TileStore)):
+        return False
+    wa, wb = a.tensor.name, b.tensor.name
+    return wa != wb and wa not in _reads(b) and wb not in _reads(a)
+
+
+def reorder(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt]:
+    """Move each row statement up past independent statements to the row statement before them, if any."""
+    out: list[Stmt] = []
+    for s in stmts:
+        key = row_axis(em, s)
+        at = len(out)
+        if key is not None:
+            while at > 0 and row_axis(em, out[at - 1]) is None and _independent(out[at - 1], s):
+                at -= 1
+            if not (at > 0 and row_axis(em, out[at - 1]) == key):
+                at = len(out)
+        out.insert(at, s)
+    return out
+
+
+def split(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt | list[TileStore]]:
+    """``stmts`` with each run of row statements that can share a pass replaced by a list of them."""
+    out: list[Stmt | list[TileStore]] = []
+    run: list[TileStore] = []
+    key = None
+
+    def flush() -> None:
+        if run:
+            out.append(list(run))
+        run.clear()
+
+    for s in stmts:
+        k = row_axis(em, s) if ROW_GROUPS else None
+        if k is None:
+            flush()
+            out.append(s)
+            key = None
+            continue
+        assert isinstance(s, TileStore)
+        if k != key or not _joins(run, s):
+            flush()
+        run.append(s)
+        key = k
+    flush()
+    return out
+
+
+def _joins(run: list[TileStore], s: TileStore) -> bool:
+    """Whether ``s`` can follow ``run`` in one pass: within the run plus ``s``, every read of a tensor
+    the run or ``s`` writes is of the element its writer writes."""
+    written = {t.tensor.name: t.index for t in [*run, s]}
+    for t in [*run, s]:
+        for n in walk_tile_expr(t.value):
+            if isinstance(n, TileLoad) and n.tensor.name in written and n.index != written[n.tensor.name]:
+                return False
+    return True
+
+
+def emit(em: CudaEmitter, group: list[TileStore]) -> None:
+    """One pass computing ``group`` (row statements over one row axis; see :func:`split`)."""
+    from polyfuse.emit_cpp.stream import after_statement
+
+    axis, rows = row_axis(em, group[0])  # type: ignore[misc]
+    lanes = _lanes(em, rows)
+    assert lanes is not None
+    em.line(f"// row group: {', '.join(s.block for s in group)}")
+    em.open("")
+    em.line(f"const int pf_rl = pf_tid % {lanes}, pf_rr = pf_tid / {lanes};")
+    row = axis_var(axis)
+    em.line(f"const int {row} = pf_rr < {rows} ? pf_rr : {rows - 1};  // lanes past the rows repeat the last")
+    env = {axis: row}
+    forwarded: list = []
+    values: list[tuple[TileStore, str]] = []
+    for s in group:
+        em.sizes = {**getattr(em, "sizes", {}), **_sizes(s)}
+        em.materialized = {}
+        em.block = s.block
+        reduced: list[Reduce] = []
+        for n in walk_tile_expr(s.value):
+            if isinstance(n, Reduce) and n not in reduced and n not in em.overrides:
+                reduced.append(n)
+        for n in reduced:  # (no reduction holds another: row_axis)
+            acc, ct = em.fresh("acc"), em.reduce_type(n)
+            length = em.sizes[n.axis]
+            width = min(lanes, 1 << max(0, (length - 1).bit_length()))  # as block_reduce: no idle lanes in the sum
+            em.line(f"{ct} {acc} = {_REDUCE_INIT[n.op]};")
+            em.reduce_items(n, env, acc, ct, f"pf_rl % {width}" if width < lanes else "pf_rl", width)
+            if width > 1:
+                em.shuffle_combine(n.op, acc, ct, width)
+            em.overrides[n] = em.reduce_result(n, acc)
+        value = em.convert(em.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
+        for n in reduced:
+            del em.overrides[n]
+        reg = em.fresh("g")
+        em.line(f"const {em.ctype(s.tensor.dtype)} {reg} = {value};")
+        values.append((s, reg))
+        for t in group:
+            for n in walk_tile_expr(t.value):
+                if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index == s.index and n.mask is None:
+                    em.overrides[n] = reg
+                    forwarded.append(n)
+    for n in forwarded:
+        em.overrides.pop(n, None)
+    em.line(em.warp_barrier())
+    em.open(f"if (pf_rl == 0 && pf_rr < {rows})")
+    for s, reg in values:
+        em.line(f"{em.access(s.tensor, s.index, env)} = {reg};")
+    em.close()
+    em.close()
+    em.barrier()
+    after_statement(em)
+    em.materialized = {}
+
+
+def _sizes(s: TileStore) -> dict[str, int]:
+    from polyfuse.tiling.htile import axis_sizes
+
+    return axis_sizes(s)
+
