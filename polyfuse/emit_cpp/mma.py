@@ -29,7 +29,8 @@ turn, measured slower on the H200: global prefill 1.24 → 1.49 ms, decode B=32 
 (a rolling update's factor and statistics) is read once per fragment row, not once per element
 (measured on the H200: MLA decode 0.208 → 0.136 ms, MLA B=32 0.674 → 0.480, quant_gemm 4.42 → 3.17,
 causal prefill 2.54 → 2.10, together with the repair's factor computed per row, see
-:func:`polyfuse.symbolic.from_sympy`).
+:func:`polyfuse.symbolic.from_sympy`).  Such per-row parts (``exp(m - m')``, quant_gemm's ``r/r'``)
+are computed there, per fragment row, rather than in a pass of their own through shared memory.
 
 Other dots stage their operands in shared memory in the dot's dtype and multiply with FMAs, except
 those with few outputs and a long ``k``, which are block reductions of the products.

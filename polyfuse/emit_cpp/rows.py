@@ -12,8 +12,8 @@ A run of row statements over the same row axis is emitted as one pass instead.  
 threads are split into ``R`` groups of ``L`` lanes (``L`` a power of two, at most a warp), one
 group per row; every lane of a group evaluates the group's statements for its row, in order:
 
-* a reduction along another axis takes elements ``lane, lane + L, …`` and combines across the
-  group by xor shuffles, so every lane ends with the row's result;
+* a reduction along another axis runs on the row's lanes, each taking every ``L``-th element,
+  and combines them by xor shuffles, so every lane ends with the row's result;
 * a statement's value stays in a register, and later statements of the group that read the
   tensor it writes, at the element it writes, read the register instead;
 * after all statements, lane 0 of each row stores the values (after a warp barrier, so that no
@@ -29,8 +29,9 @@ by the barrier that ends every pass.
 
 Row statements are also moved up, past independent statements (no tensor one writes is read or
 written by the other), to join the row statements before them: the rolling update's row sum
-joins its row maximum ahead of the value product.  On the H200, MLA decode's loop went from ten
-barriers per key tile to six (measured in :data:`ROW_GROUPS`).
+joins its row maximum ahead of the value product.  With the product's repair factor computed per
+fragment row (:meth:`CudaEmitter.dot_in_place`), MLA decode's loop has five block barriers per key
+tile instead of ten.
 """
 
 from __future__ import annotations
@@ -45,7 +46,9 @@ if TYPE_CHECKING:
     from polyfuse.ir.stmt import Stmt
 
 ROW_GROUPS = True
-"""Emit runs of row statements as one pass (see the module docstring)."""
+"""Emit runs of row statements as one pass (see the module docstring).  Measured on the H200, on and off in
+one run (ms): MLA decode B=32 0.454 / 0.478, B=1 0.125 / 0.134; causal prefill S=4096 1.93 / 2.04; global
+prefill 1.14 / 1.22; GQA decode 0.060 / 0.065; quant_gemm 2.56 / 2.69; MHA decode B=32 unchanged (1.04)."""
 
 
 def row_axis(em: CudaEmitter, s: Stmt) -> tuple[str, int] | None:
