@@ -384,6 +384,13 @@ def axis_var(axis: str) -> str:
     return f"x_{axis}"
 
 
+def static_numel(t: Tensor) -> int | None:
+    """The element count of ``t`` if its shape is constant, else None."""
+    if all(isinstance(d, Const) for d in t.shape):
+        return math.prod(int(d.value) for d in t.shape)
+    return None
+
+
 def flat(axes: tuple[str, ...], sizes: dict[str, int], env: dict[str, str]) -> str:
     """Row-major offset of the element at ``env`` in an array over ``axes``."""
     if not axes:

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import math
 
-from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var
+from polyfuse.emit_cpp.cfamily import (
+    _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var, static_numel,
+)
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
 from polyfuse.emit_cpp.parallel import unit_loop
 from polyfuse.emit_cpp import presplit, registers, rows, stream
@@ -613,7 +615,7 @@ class CudaEmitter(CFamilyEmitter):
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)
         for t in nest.shared:
             tensor = self.tensors[t]
-            size = _static_numel(tensor)
+            size = static_numel(tensor)
             if size is None:
                 raise UnsupportedPattern(f"temporary {t!r} lives in shared memory per block but its shape "
                                          f"{list(map(str, tensor.shape))} is not static; give it a constant shape")
@@ -759,12 +761,6 @@ def _warps(chain: tuple[Loop, ...]) -> int:
             if k == "warps":
                 return int(v)  # type: ignore[call-overload]
     return DEFAULT_WARPS
-
-
-def _static_numel(t) -> int | None:
-    if all(isinstance(d, Const) for d in t.shape):
-        return math.prod(int(d.value) for d in t.shape)
-    return None
 
 
 def emit_cuda(program: TileProgram, target: Target) -> KernelSource:

@@ -16,9 +16,9 @@ kernel reads the tensor four elements at a time.
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import TYPE_CHECKING
 
+from polyfuse.emit_cpp.cfamily import static_numel
 from polyfuse.emit_cpp.grid import CTA
 from polyfuse.emit_cpp.parallel import unit_loop
 from polyfuse.ir import dtypes as dt
@@ -64,7 +64,7 @@ def plan(em: CudaEmitter, nests: tuple[GridNest, ...]) -> dict[str, tuple[Tensor
                     if load is None or load.tensor.name in found or not grid - _variables(load):
                         continue
                     t = load.tensor
-                    size = _numel(t)
+                    size = static_numel(t)
                     names = [f"{t.name}_pf_{part}" for part in ("hi", "lo")]
                     if size is None or size % VEC or any(n in em.tensors for n in names):
                         continue  # (a program tensor of that name: the operand is converted per tile instead)
@@ -87,7 +87,7 @@ def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
 
     launches = []
     for name, (hi, lo) in em.presplit.items():
-        total = _numel(em.tensors[name]) // VEC
+        total = static_numel(em.tensors[name]) // VEC
         kernel = f"{entry}_split_{name}"
         em.line(f"{em.kernel_qualifiers(THREADS)} {kernel}({em.parameters()})")
         em.line("{")
@@ -129,9 +129,3 @@ def _variables(load: TileLoad) -> set[str]:
     """The loop variables the position of ``load``'s tile depends on."""
     exprs = [i.start if isinstance(i, Slice) else i for i in load.index]
     return {n.name for e in exprs for n in walk_tile_expr(e) if isinstance(n, Var)}
-
-
-def _numel(t: Tensor) -> int | None:
-    if all(isinstance(d, Const) for d in t.shape):
-        return math.prod(int(d.value) for d in t.shape)
-    return None
