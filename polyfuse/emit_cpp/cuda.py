@@ -523,13 +523,18 @@ class CudaEmitter(CFamilyEmitter):
         self.lane_arrays = {}
         self.close()
 
+    def reduce_lanes(self, outputs: int, length: int | None = None) -> int:
+        """Lanes per output when the block shares ``outputs`` reductions: as many as the threads allow, a
+        power of two, and (given the ``length`` reduced) no more than the elements rounded up to one."""
+        lanes = _pow2_floor(max(1, self.threads // outputs))
+        return lanes if length is None else min(lanes, _pow2_ceil(length))
+
     def block_reduce(self, e: Reduce, name: str, axes: tuple[str, ...]) -> None:
         """``name[o] = op_r e.tile[o, r]`` for every output ``o``, by the whole block."""
         outputs = math.prod(self.sizes[a] for a in axes)
         length = self.sizes[e.axis]
         ct = self.reduce_type(e)
-        lanes = _pow2_floor(max(1, self.threads // outputs))
-        lanes = min(lanes, _pow2_ceil(length))
+        lanes = self.reduce_lanes(outputs, length)
         if lanes <= self.warp:
             per_round = self.threads // lanes
             self.open(f"for (int pf_o0 = 0; pf_o0 < {outputs}; pf_o0 += {per_round})")

@@ -81,7 +81,7 @@ def _lanes(em: CudaEmitter, rows: int) -> int | None:
     """Lanes per row: a power of two, at most a warp, with the groups using at least ¾ of the block."""
     if rows > em.threads:
         return None
-    lanes = min(em.warp, 1 << ((em.threads // rows).bit_length() - 1))
+    lanes = min(em.warp, em.reduce_lanes(rows))
     return lanes if rows * lanes * 4 >= em.threads * 3 else None
 
 
@@ -177,7 +177,7 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
         for n in reduced:  # (no reduction holds another: row_axis)
             acc, ct = em.fresh("acc"), em.reduce_type(n)
             length = em.sizes[n.axis]
-            width = min(lanes, 1 << max(0, (length - 1).bit_length()))  # as block_reduce: no idle lanes in the sum
+            width = min(lanes, em.reduce_lanes(rows, length))  # block_reduce's lanes: the same order
             em.line(f"{ct} {acc} = {_REDUCE_INIT[n.op]};")
             em.reduce_items(n, env, acc, ct, f"pf_rl % {width}" if width < lanes else "pf_rl", width)
             if width > 1:
