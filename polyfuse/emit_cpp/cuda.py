@@ -160,8 +160,8 @@ class CudaEmitter(CFamilyEmitter):
     def barrier(self) -> None:
         self.line("__syncthreads();")
 
-    def warp_barrier(self) -> str:
-        return "pf::syncwarp();"
+    def warp_barrier(self) -> None:
+        self.line("pf::syncwarp();")
 
     def stmt(self, s: Stmt) -> None:
         """A sequence's runs of row statements are emitted as row groups (:mod:`~polyfuse.emit_cpp.rows`)."""

@@ -39,7 +39,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
-from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileStore, axes_of, walk_tile_expr
+from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileStore, axes_of, axis_sizes, walk_tile_expr
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -100,14 +100,15 @@ def _independent(a: Stmt, b: Stmt) -> bool:
 
 def reorder(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt]:
     """Move each row statement up past independent statements to the row statement before them, if any."""
+    keys = {id(s): row_axis(em, s) for s in stmts}
     out: list[Stmt] = []
     for s in stmts:
-        key = row_axis(em, s)
+        key = keys[id(s)]
         at = len(out)
         if key is not None:
-            while at > 0 and row_axis(em, out[at - 1]) is None and _independent(out[at - 1], s):
+            while at > 0 and keys[id(out[at - 1])] is None and _independent(out[at - 1], s):
                 at -= 1
-            if not (at > 0 and row_axis(em, out[at - 1]) == key):
+            if not (at > 0 and keys[id(out[at - 1])] == key):
                 at = len(out)
         out.insert(at, s)
     return out
@@ -167,7 +168,7 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
     forwarded: list = []
     values: list[tuple[TileStore, str]] = []
     for s in group:
-        em.sizes = {**getattr(em, "sizes", {}), **_sizes(s)}
+        em.sizes = {**getattr(em, "sizes", {}), **axis_sizes(s)}
         em.materialized = {}
         em.block = s.block
         reduced: list[Reduce] = []
@@ -196,7 +197,7 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
                     forwarded.append(n)
     for n in forwarded:
         em.overrides.pop(n, None)
-    em.line(em.warp_barrier())
+    em.warp_barrier()
     em.open(f"if (pf_rl == 0 && pf_rr < {rows})")
     for s, reg in values:
         em.line(f"{em.access(s.tensor, s.index, env)} = {reg};")
@@ -205,10 +206,3 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
     em.barrier()
     after_statement(em)
     em.materialized = {}
-
-
-def _sizes(s: TileStore) -> dict[str, int]:
-    from polyfuse.tiling.htile import axis_sizes
-
-    return axis_sizes(s)
-
