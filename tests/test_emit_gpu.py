@@ -560,11 +560,11 @@ def test_row_groups_stop_at_reads_of_other_rows():
     from polyfuse.emit_cpp import rows
     from polyfuse.emit_cpp.cuda import CudaEmitter
     from polyfuse.ir.expr import Const
-    from polyfuse.tiling.htile import Slice, TileLoad, TileStore
+    from polyfuse.tiling.htile import Slice, TileLoad, TileStore, walk_tile_stmts
 
     tiles = _tiles("attn_causal", "prefill", **ROW_GROUP_CASES[1][2])
     em = CudaEmitter(tiles, CUDA)
-    stores = {s.block: s for s in _stores(em.program.body)}
+    stores = {s.block: s for s in walk_tile_stmts(em.program.body) if isinstance(s, TileStore)}
     save, rmax = stores["row_max_save"], stores["row_max"]
     assert rows.split(em, [save, rmax]) == [[save, rmax]]
     shifted = tuple(dataclasses.replace(i, start=Const(1, i.start.dtype)) if isinstance(i, Slice) else i
@@ -573,19 +573,6 @@ def test_row_groups_stop_at_reads_of_other_rows():
     same_row = TileStore("same_row", save.tensor, save.index, TileLoad(rmax.tensor, rmax.index))
     assert rows.split(em, [save, rmax, other_row]) == [[save, rmax], [other_row]]
     assert rows.split(em, [save, rmax, same_row]) == [[save, rmax, same_row]]
-
-
-def _stores(s):
-    from polyfuse.ir.stmt import Loop, Seq
-    from polyfuse.tiling.htile import TileStore
-
-    if isinstance(s, TileStore):
-        yield s
-    elif isinstance(s, Seq):
-        for c in s.stmts:
-            yield from _stores(c)
-    elif isinstance(s, Loop):
-        yield from _stores(s.body)
 
 
 @pytest.mark.parametrize(("name", "mode", "sizes"), ROW_GROUP_CASES)
