@@ -278,8 +278,10 @@ def test_without_streaming_exact_16_bit_operands_are_staged_by_cp_async():
     text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
-    assert re.search(r"if \(j_0 == 0\) \{\s*#pragma unroll 4\s*for \(int pf_g = pf_tid; pf_g < 32; pf_g \+= 256\) \{"
-                     r"[^}]*pf_src = &q\[", text)
+    assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
+                     r"\s*const uint16_t\* pf_p = &q\[[^;]*;"
+                     r"\s*#pragma unroll 4\s*for \(int pf_g = pf_tid; pf_g < 32; pf_g \+= 256\) \{"
+                     r"[^}]*\{[^}]*pf_src = &pf_p\[0\]", text)
     assert re.search(r"uint16_t\* pf_ta\d+ = pf_stream\d+;", text)
     assert len(re.findall(r"pf::cp_async_commit\(\);\s*pf::cp_async_wait<0>\(\);\s*__syncthreads\(\);", text)) == 2
     assert text.count("cp_async_wait<0>") == 3  # the two dots, and the drain after the loop
@@ -547,8 +549,9 @@ def test_row_group_forwards_values_in_registers():
     group = _statement(text, "row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf")
     compute, stores = group.split("pf::syncwarp();")
     assert "row_max_rf_prev[" not in compute and "row_sum_rf_rf[" not in compute
-    assert compute.count("row_max_rf[") == 2  # the save and the maximum read the previous tile's value
-    for tensor in ("row_max_rf_prev", "row_max_rf", "row_sum_rf_rf", "row_sum_rf"):
+    # (the split's statistics are read and written in their shared copies across the loop: resident.py)
+    assert len(re.findall(r"\bpf_kept_row_max_rf\d+\[", compute)) == 2  # the save and the maximum read it
+    for tensor in ("row_max_rf_prev", "pf_kept_row_max_rf\\d+", "row_sum_rf_rf", "pf_kept_row_sum_rf\\d+"):
         assert len(re.findall(rf"\b{tensor}\[[^;]*\] = pf_g\d+;", stores)) == 1
 
 
@@ -584,3 +587,103 @@ def test_row_groups_compile(name, mode, sizes, backend):
     source = emit(_tiles(name, mode, backend, **sizes), CUDA if backend == "cuda" else HIP)
     assert "// row group:" in source.text
     compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, compile_only=True)
+
+
+MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
+"""MLA decode with DeepSeek's qk dim 576 and few keys: the score's k is long enough to split among warps."""
+
+
+def _steps(text: str):
+    """Each raw staging loop of ``text``: (threads, inner, row stride, its step and its carry, as dicts)."""
+    found = []
+    pattern = (r"int pf_o = pf_tid \* 8 / (\d+), pf_i = pf_tid \* 8 % \d+;\s*int pf_d = pf_o \* (\d+) \+ pf_i;"
+               r"(?:\s*const \w+\* pf_p = [^;]*\+ \(pf_o \* (\d+) \+ pf_i \* (\d+)\);)?"
+               r"\s*#pragma unroll \d+\s*for \(int pf_g = pf_tid; pf_g < (\d+); pf_g \+= (\d+)\)")
+    for m in re.finditer(pattern, text):
+        body = text[m.end():text.index("\n    ", text.index("pf_o +=", m.end()) + 200)]
+        step = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", body.split("if (pf_i >=")[0]))
+        carry = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", body.split("if (pf_i >=")[1].split("}")[0])) \
+            if "if (pf_i >=" in body else {}
+        inner, stride, so, si, groups, threads = (int(x) if x else None for x in m.groups())
+        found.append((inner, stride, so, si, groups, threads, step, carry))
+    return found
+
+
+@pytest.mark.parametrize(("name", "mode", "sizes"), [("attn_mla_decode", "decode", MLA_576),
+                                                     ("attn_causal", "prefill", {"Sq": 128, "Skv": 128}),
+                                                     ("attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 4096})])
+def test_stepped_staging_visits_every_group(name, mode, sizes):
+    # A raw staging loop steps each thread's place (outer/inner index, offset in the staged array, source
+    # offset in the tensor) by constants from one group of eight values to the next: replaying the emitted
+    # steps for every thread gives the places the division by the row length would.
+    loops = _steps(emit(_tiles(name, mode, **sizes), CUDA).text)
+    assert loops and any(so is not None for _, _, so, _, _, _, _, _ in loops)
+    for inner, stride, so, si, groups, threads, step, carry in loops:
+        for tid in range(threads):
+            o, i = tid * 8 // inner, tid * 8 % inner
+            d, p = o * stride + i, (o * so + i * si) if so is not None else None
+            for g in range(tid, groups, threads):
+                assert (o, i, d) == (g * 8 // inner, g * 8 % inner, g * 8 // inner * stride + g * 8 % inner)
+                if p is not None:
+                    assert p == o * so + i * si
+                o, i, d = o + int(step.get("pf_o", 0)), i + int(step.get("pf_i", 0)), d + int(step.get("pf_d", 0))
+                p = p + int(step.get("pf_p", 0)) if p is not None else None
+                if i >= inner:
+                    o, i = o + int(carry.get("pf_o", 0)), i + int(carry.get("pf_i", 0))
+                    d += int(carry.get("pf_d", 0))
+                    p = p + int(carry.get("pf_p", 0)) if p is not None else None
+
+
+def test_long_k_score_splits_among_warp_groups():
+    # MLA's score (16 heads x 64 keys, k = 576): each warp owns SPLIT_K_TILES 8-key tiles, the warps that
+    # cover the 64 keys form a group, and the groups take turns over the k steps; groups past the first
+    # leave their partial sums in shared memory, a barrier, and group 0 adds them in group order and runs
+    # the epilogue.  The pv product (k = 64 keys) is not split.
+    from polyfuse.emit_cpp import mma
+
+    text = emit(_tiles("attn_mla_decode", "decode", **MLA_576), CUDA).text
+    score = _statement(text, "score")
+    groups = 8 // (8 // mma.SPLIT_K_TILES)
+    assert f"const int pf_kg = pf_warp / {8 // groups};" in score
+    assert f"for (int pf_kk = pf_kg * 16; pf_kk < 576; pf_kk += {16 * groups})" in score
+    assert f"float pf_c[{mma.SPLIT_K_TILES}][4] = {{}};" in score
+    part = score.index("if (pf_kg > 0)")
+    assert score.index("__syncthreads();", part) < score.index("if (pf_kg == 0)") < score.index("score[")
+    assert "pf_kg" not in _statement(text, "pv_rf")
+    assert mma.k_groups(_Warps(), 1, 8, 36) == groups
+    assert mma.k_groups(_Warps(), 1, 8, 8) == 1  # k = 128: not split
+    assert mma.k_groups(_Warps(), 2, 16, 36) == 1  # enough tiles for every warp
+
+
+class _Warps:
+    """The warp arithmetic of an emitter of eight warps (what :func:`mma.k_groups` reads)."""
+
+    threads, warp = 256, 32
+
+
+def test_split_statistics_stay_in_shared_memory_across_the_loop():
+    # A split's running max and sum (read and written at every key tile, at one index) are read into shared
+    # memory once before the rolling loop, used there, and written back once after it; the combine kernel
+    # reads them from global memory as before.  Masked accesses (padded test sizes) keep global memory.
+    text = emit(_tiles("attn_mla_decode", "decode", **MLA_576), CUDA).text
+    partial = text[:text.index("polyfuse_attn_mla_decode_k1")]
+    loop = _loop_body(partial, "for (int j_1 = 0;")
+    for name in ("row_max_rf", "row_sum_rf"):
+        assert f"// {name}: in shared memory across the loop" in partial
+        assert not re.search(rf"\b{name}\[", loop) and re.search(rf"\bpf_kept_{name}\d+\[", loop)
+        before, after = partial.split(loop)
+        assert re.search(rf"pf_kept_{name}\d+\[pf_e\] = {name}\[", before)
+        assert re.search(rf"{name}\[[^;]*\] = pf_kept_{name}\d+\[pf_e\];", after)
+    padded = emit(_tiles("attn_mla_decode", "decode"), CUDA).text
+    assert "in shared memory across the loop" not in padded
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_split_k_and_resident_statistics_compile(backend):
+    tool = "nvcc" if backend == "cuda" else "hipcc"
+    if shutil.which(tool) is None and not (backend == "hip" and os.path.exists("/opt/rocm/bin/hipcc")):
+        pytest.skip(f"needs {tool}")
+    source = emit(_tiles("attn_mla_decode", "decode", backend, **MLA_576), CUDA if backend == "cuda" else HIP)
+    assert "in shared memory across the loop" in source.text
+    assert ("pf_kg" in source.text) == (backend == "cuda")  # (HIP's dots are not tensor-core products)
+    compile_gpu(source.text, f"mla576_{backend}", backend, source.target.arch, compile_only=True)

@@ -97,6 +97,40 @@ def test_row_groups_give_the_same_bits(monkeypatch, name, mode, sizes):
         assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
 
 
+_MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
+
+
+@pytest.mark.parametrize(("module", "knob", "marker", "name", "mode", "sizes"), [
+    ("mma", "STEPPED_GROUPS", "pf_p += ", "attn_causal", "prefill", {"Sq": 128, "Skv": 128}),
+    ("mma", "STEPPED_GROUPS", "pf_p += ", "attn_mla_decode", "decode", _MLA_576),
+    ("resident", "RESIDENT", "in shared memory across the loop", "attn_mla_decode", "decode", _MLA_576),
+    ("resident", "RESIDENT", "in shared memory across the loop", "attn_gqa", "decode",
+     {"Hq": 32, "Hkv": 2, "Skv": 4096}),
+    ("mma", "SPLIT_K", "pf_kg", "attn_mla_decode", "decode", _MLA_576)])
+def test_staging_variants_match(monkeypatch, module, knob, marker, name, mode, sizes):
+    # Stepped staging addresses and statistics kept in shared memory across the loop compute the same
+    # expressions in the same order: the outputs are bit for bit those without them.  A k split among warp
+    # groups (MLA's score, k = 576) sums in another order: it matches NumPy and the unsplit kernel within
+    # the catalog tolerance.
+    import importlib
+
+    op, sizes, on = _kernel(name, mode, **sizes)
+    monkeypatch.setattr(importlib.import_module(f"polyfuse.emit_cpp.{module}"), knob, False)
+    _, _, off = _kernel(name, mode, **sizes)
+    assert marker in on.kernel_source.text and marker not in off.kernel_source.text
+    for magnitude in op.magnitudes:
+        inputs = op.inputs(5, mode, sizes, magnitude)
+        a, b = on.run(inputs), off.run(inputs)
+        for key in a:
+            if knob == "SPLIT_K":
+                result = ops.compare({key: a[key]}, {key: b[key]}, op.tolerance(mode, sizes))
+                assert result.ok, f"{key} at magnitude {magnitude:g}: {result.line()}"
+            else:
+                assert np.array_equal(a[key], b[key], equal_nan=True), f"{key} at magnitude {magnitude:g}"
+        result = ops.compare(a, op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+
+
 @pytest.mark.parametrize("loader", ["pycuda", "cuda-python"])
 @pytest.mark.parametrize(("name", "mode"), [("attn_causal", "prefill"), ("attn_causal", "decode"),
                                            ("softmax", "default")])

@@ -33,7 +33,7 @@ from polyfuse.emit_cpp.cfamily import (
 )
 from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
 from polyfuse.emit_cpp.parallel import unit_loop
-from polyfuse.emit_cpp import presplit, registers, rows, stream
+from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.stream import StreamLoop, after_statement, close_streams, open_streams
 from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
 from polyfuse.errors import UnsupportedPattern
@@ -112,6 +112,8 @@ class CudaEmitter(CFamilyEmitter):
         """Grid loops of one iteration of the kernel being emitted, by name (their variables are 0)."""
         self.accumulators: dict[str, registers.Accumulator] = {}
         """Statements of the loop being emitted whose accumulators live in registers, by block."""
+        self.resident: dict[str, resident.Resident] = {}
+        """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
         self.per_row: tuple[Expr, set, tuple[str, ...]] | None = None
         """While a dot's epilogue is planned: the dot, the accumulator's loads and the dot's column axes."""
         self.presplit: dict[str, tuple] = {}
@@ -181,6 +183,12 @@ class CudaEmitter(CFamilyEmitter):
         for acc in accumulators.values():
             registers.load(self, acc)
         outer, self.accumulators = self.accumulators, accumulators
+        kept_at = self.scratch
+        kept = resident.plan(self, s, {acc.store.tensor.name for acc in accumulators.values()})
+        resident.load(self, kept)
+        outer_kept, added = dict(self.resident), {r.tensor for r in kept} - self.shared_names
+        self.resident.update((r.tensor, r) for r in kept)
+        self.shared_names |= added  # no vector paths of global memory for them
         state = open_streams(self, s, self.stages) if self.tensor_cores and self.streaming is None else None
         mark = self.scratch
         self.streaming = state
@@ -189,12 +197,24 @@ class CudaEmitter(CFamilyEmitter):
         if state is not None:
             close_streams(self, state)
         self.scratch = mark
+        self.resident = outer_kept
+        self.shared_names -= added
+        resident.store(self, kept)
+        self.scratch = kept_at
         self.accumulators = outer
         used = [acc for acc in accumulators.values() if acc.used]
         for acc in used:
             registers.store(self, acc)
         if used:
             self.barrier()
+
+    def access(self, tensor, index, env: dict[str, str]) -> str:
+        """An access; to the shared copy where the loop being emitted keeps the tensor
+        (:mod:`~polyfuse.emit_cpp.resident`)."""
+        kept = self.resident.get(tensor.name)
+        if kept is not None:
+            return f"{kept.name}[{kept.at(env, index)}]"
+        return super().access(tensor, index, env)
 
     def offset(self, tensor, idx: list[str]) -> str:
         """Row-major offset; 32-bit arithmetic for a block's shared temporaries (they are small)."""
@@ -458,7 +478,7 @@ class CudaEmitter(CFamilyEmitter):
                 self.overrides[x] = name
 
         try:
-            emit_dot_into(self, e, write, rows)
+            emit_dot_into(self, e, write, rows, split_k=not in_registers)
         finally:
             for x in hoisted:
                 self.overrides.pop(x, None)

@@ -147,15 +147,17 @@ def emit_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...], pitch: i
 
 
 def emit_dot_into(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],
-                  rows: Callable[[dict[str, str]], None] | None = None) -> None:
+                  rows: Callable[[dict[str, str]], None] | None = None, split_k: bool = True) -> None:
     """A tensor-core dot whose epilogue hands each result (f32 text) to ``write(env, value)``.
 
     The epilogue visits the thread's two fragment rows in turn; ``rows(env)`` is called once per row,
     before its columns, with the row's axes bound: what it declares there is in scope for ``write``.
+    ``split_k=False`` keeps the warp tiling of :func:`warp_tiling` (registers laid out by it receive the
+    results: :mod:`polyfuse.emit_cpp.registers`) where :func:`k_groups` would split ``k``.
     """
     low = mma_type(em, e)
     assert low is not None
-    _mma_dot(em, e, None, low, None, write, rows)
+    _mma_dot(em, e, None, low, None, write, rows, split_k)
 
 
 def _fma_dot(em: CudaEmitter, e: Dot, name: str, axes: tuple[str, ...]) -> None:
@@ -302,7 +304,7 @@ def warp_tiling(em: CudaEmitter, mp: int, np_: int) -> tuple[int, int, int]:
 
 def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int | None = None,
              write: Callable[[dict[str, str], str], None] | None = None,
-             rows: Callable[[dict[str, str]], None] | None = None) -> None:
+             rows: Callable[[dict[str, str]], None] | None = None, split_k: bool = True) -> None:
     from polyfuse.emit_cpp.stream import consume, publish
 
     a, b = staging(em, e)
@@ -356,39 +358,62 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
     publish(em, waited=copying)
     warps = em.threads // em.warp
     mtiles, groups, per = warp_tiling(em, mp, np_)
+    kgroups = k_groups(em, mtiles, np_ // 8, kp // 16) if split_k else 1
+    if kgroups > 1:
+        per = SPLIT_K_TILES
+        groups = np_ // 8 // per
+    units = mtiles * groups
     ntiles = np_ // 8
     mma = f"pf::mma_{LOW[low.name]}"
     em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
-    em.open(f"for (int pf_t = pf_warp; pf_t < {mtiles * groups}; pf_t += {warps})")
+    if kgroups > 1:
+        em.line(f"const int pf_kg = pf_warp / {units};  // this warp's share of k: steps pf_kg, pf_kg + {kgroups}, ...")
+        em.open(f"for (int pf_t = pf_warp % {units}; pf_t < {units}; pf_t += {warps})")
+    else:
+        em.open(f"for (int pf_t = pf_warp; pf_t < {units}; pf_t += {warps})")
     em.line(f"const int pf_mt = pf_t / {groups}, pf_ng = pf_t % {groups};")
     em.line(f"float pf_c[{per}][4] = {{}};")
-    em.open(f"for (int pf_kk = 0; pf_kk < {kp}; pf_kk += 16)")
+    if kgroups > 1:
+        em.open(f"for (int pf_kk = pf_kg * 16; pf_kk < {kp}; pf_kk += {16 * kgroups})")
+    else:
+        em.open(f"for (int pf_kk = 0; pf_kk < {kp}; pf_kk += 16)")
     if a.trans:
         a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a.stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
     else:
         a_at = f"(pf_mt * 16 + pf_lane % 16) * {a.stride} + pf_kk + (pf_lane / 16) * 8"
     _fragments(em, "pf_fa", 4, "pf::ldmatrix_x4_trans" if a.trans else "pf::ldmatrix_x4", sa, a_at, a.size, a.split)
+    pair = 2 if PAIRED_B and per % 2 == 0 and ntiles % 2 == 0 and (a.split or b.split) else 1
     em.line("#pragma unroll")
-    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; pf_nb += {pair})" if pair > 1 else
+            f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line(f"const int pf_nt = pf_ng * {per} + pf_nb;")
     em.open(f"if (pf_nt < {ntiles})")
+    nt = "(pf_nt + pf_lane / 16)" if pair > 1 else "pf_nt"
     if b.trans:
-        b_at = f"(pf_kk + pf_lane % 16) * {b.stride} + pf_nt * 8"
+        b_at = f"(pf_kk + pf_lane % 16) * {b.stride} + {nt} * 8"
     else:
-        b_at = f"(pf_nt * 8 + pf_lane % 8) * {b.stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
-    _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b.trans else "pf::ldmatrix_x2", sb, b_at, b.size, b.split)
-    em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb);")
-    if a.split:
-        em.line(f"{mma}(pf_c[pf_nb], pf_fa_lo, pf_fb);")
-    if b.split:
-        em.line(f"{mma}(pf_c[pf_nb], pf_fa, pf_fb_lo);")
+        b_at = f"({nt} * 8 + pf_lane % 8) * {b.stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
+    if pair > 1:
+        _paired_fragments(em, "pf::ldmatrix_x4_trans" if b.trans else "pf::ldmatrix_x4", sb, b_at, b.size, b.split)
+    else:
+        _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b.trans else "pf::ldmatrix_x2", sb, b_at, b.size,
+                   b.split)
+    # The tiles' products with one part, then with the next: the mma of one accumulator are apart.
+    for fa, fb in (("pf_fa", "pf_fb"), *((("pf_fa_lo", "pf_fb"),) if a.split else ()),
+                   *((("pf_fa", "pf_fb_lo"),) if b.split else ())):
+        for j in range(pair):
+            em.line(f"{mma}(pf_c[pf_nb{f' + {j}' if j else ''}], {fa}, {fb}{j if pair > 1 else ''});")
     em.close()
     em.close()
     em.close()
+    if kgroups > 1:
+        _join_k_groups(em, kgroups, units, per)
     # Epilogue: thread holds rows lane/4 (+8) and columns 2*(lane%4) (+1) of each 16x8 tile.
     if write is not None:
         _row_epilogue(em, e, write, rows, (mm, mp, m_axes), (nn, per, groups, n_axes))
         em.close()
+        if kgroups > 1:
+            em.close()
         return
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
@@ -413,6 +438,69 @@ def _mma_dot(em: CudaEmitter, e: Dot, name: str | None, low: DType, pitch: int |
         em.line(f"{name}[pf_m * {nn} + pf_n] = {total};")
     em.close()
     em.close()
+    em.close()
+    em.close()
+    if kgroups > 1:
+        em.close()
+
+
+SPLIT_K = True
+"""A tensor-core dot with few output tiles and a long ``k`` splits ``k`` among its warps (:func:`k_groups`)."""
+SPLIT_K_TILES = 2
+"""8-column tiles per warp of a dot whose ``k`` is split among the warps.  Measured on the H200 (MLA decode
+B=32 / B=1, ms): 2 0.406 / 0.115, 4 0.410 / 0.116, 8 0.703 / 0.197 (the partial sums of 8 groups cost a
+block per SM)."""
+SPLIT_K_STEPS = 16
+"""Fewest 16-deep ``k`` steps (k ≥ 256) for which a dot's ``k`` is split among its warps."""
+
+
+def k_groups(em: CudaEmitter, mtiles: int, ntiles: int, ksteps: int) -> int:
+    """Into how many groups of warps the ``k`` steps of a tensor-core dot split (1: not split).
+
+    Each warp owns ``SPLIT_K_TILES`` 8-column tiles and sums every ``g``-th ``k`` step of them, ``g`` the
+    number of groups; the groups' partial sums meet in shared memory before the epilogue.  Where each warp
+    would otherwise own one tile of a long ``k`` (MLA decode's score: 16 heads × 64 keys, k = 576), every
+    warp reloaded the same rows of ``a`` from shared memory at each of 36 steps and waited on a chain of
+    36 dependent mma; split in two, each ``a`` fragment serves two tiles and the chains are 18 deep.
+    Measured on the H200 (split, four tiles per warp / not, ms): MLA decode B=32 0.413 / 0.425, B=1 0.116 / 0.120.
+    Applies where the output has a multiple of ``SPLIT_K_TILES`` columns of tiles, the warps divide into
+    whole groups of its ``mtiles × ntiles / SPLIT_K_TILES`` warp tiles, and each group gets ``SPLIT_K_STEPS / 4``
+    steps or more of a ``k`` of at least ``SPLIT_K_STEPS``.  The sums are in another order than the unsplit
+    product's (f32, within the catalog tolerance); a register accumulator's dot is not split (its registers
+    follow :func:`warp_tiling`)."""
+    warps = em.threads // em.warp
+    if not SPLIT_K or ksteps < SPLIT_K_STEPS or ntiles % SPLIT_K_TILES:
+        return 1
+    units = mtiles * (ntiles // SPLIT_K_TILES)
+    if warps % units or warps // units < 2 or ksteps < (warps // units) * SPLIT_K_STEPS // 4:
+        return 1
+    return warps // units
+
+
+def _join_k_groups(em: CudaEmitter, kgroups: int, units: int, per: int) -> None:
+    """Sum the partial accumulators of a split ``k`` into group 0's warps, which go on to the epilogue:
+    groups 1… store theirs in shared memory (register-major, lane fastest: no bank conflicts), a block
+    barrier, and group 0 adds them in group order.  Leaves the ``if`` of group 0 open."""
+    part = em.fresh("kpart")
+    regs = per * 4
+    em.shared_array("float", part, (kgroups - 1) * units * regs * em.warp * 4)
+    at = f"((pf_kg - 1) * {units} + pf_t) * {regs * em.warp} + (pf_nb * 4 + pf_q) * {em.warp} + pf_lane"
+    em.open("if (pf_kg > 0)")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    em.line("#pragma unroll")
+    em.line(f"for (int pf_q = 0; pf_q < 4; ++pf_q) {part}[{at}] = pf_c[pf_nb][pf_q];")
+    em.close()
+    em.close()
+    em.barrier()
+    em.open("if (pf_kg == 0)")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_g = 1; pf_g < {kgroups}; ++pf_g)")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
+    gat = at.replace("pf_kg - 1", "pf_g - 1")
+    em.line("#pragma unroll")
+    em.line(f"for (int pf_q = 0; pf_q < 4; ++pf_q) pf_c[pf_nb][pf_q] += {part}[{gat}];")
     em.close()
     em.close()
 
@@ -476,6 +564,24 @@ def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: s
         em.line(f"{load}({part}, &{arr}[{offset}{at}]);")
 
 
+PAIRED_B = True
+"""In a dot with a split operand (hi + lo parts), a warp loads the ``b`` fragments of two neighbouring 8-column
+tiles with one ``ldmatrix.x4`` (instead of two ``.x2``) and issues both tiles' products with one part before
+those with the next, so that consecutive mma do not wait for each other.  Measured on the H200 (ms, paired /
+not): quant_gemm 2.34 / 2.51, causal prefill 1.74 / 1.78, GQA prefill 3.30 / 3.39, MLA decode 0.406 / 0.408.
+Dots of plain 16-bit operands are not paired: global prefill's score went from 64 to 71 registers per thread
+(4 → 3 blocks per SM) and from 1.13 to 1.26 ms."""
+
+
+def _paired_fragments(em: CudaEmitter, load: str, arr: str, at: str, size: int, split: bool) -> None:
+    """Declare ``pf_fb0``/``pf_fb1`` (and ``pf_fb_lo0``/``pf_fb_lo1``): the ``b`` fragments of tiles ``pf_nt`` and
+    ``pf_nt + 1``, loaded by one ``ldmatrix.x4`` per part (lanes 16-31 address the second tile)."""
+    for part, offset in (("pf_fb", ""), ("pf_fb_lo", f"{size} + ")) if split else (("pf_fb", ""),):
+        em.line(f"uint32_t {part}[4];")
+        em.line(f"{load}({part}, &{arr}[{offset}{at}]);")
+        em.line(f"const uint32_t {part}0[2] = {{{part}[0], {part}[1]}}, {part}1[2] = {{{part}[2], {part}[3]}};")
+
+
 def raw_operand(x: Expr, low: DType) -> tuple[TileLoad, list[Expr]] | None:
     """The load whose 16-bit values ``x`` is, and the conditions under which it is not zero, if so."""
     conditions: list[Expr] = []
@@ -528,19 +634,88 @@ def _stage_raw(em: CudaEmitter, op: Staged, low: DType, arr: str) -> bool:
 def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Expr], arr: str,
                 declare: str, take: str, store: str) -> None:
     """The loop over ``op``'s 16-bit values eight at a time: ``declare`` the zero value, ``take`` the group
-    at ``{src}`` where it exists and its conditions hold, then ``store`` it at ``{dst}`` in ``arr``."""
-    em.element_loop(f"for (int pf_g = pf_tid; pf_g < {op.outer * op.inner // VEC16}; pf_g += {em.threads})")
-    em.line(f"const int pf_e = pf_g * {VEC16};")
-    env = _staged_element(em, declare, op)
-    action = take.format(src=em.access(load.tensor, load.index, env))
+    at ``{src}`` where it exists and its conditions hold, then ``store`` it at ``{dst}`` in ``arr``.
+
+    A group is at outer and inner index ``pf_o``, ``pf_i`` of the staged array, ``pf_d`` in ``arr``; a thread's
+    groups are ``em.threads`` groups apart, so with ``STEPPED_GROUPS`` these (and the source pointer ``pf_p``,
+    where the tile's strides in the tensor are constants: :func:`_tile_strides`) step from one group to the
+    next by constants, with one carry past the end of a row at most.
+    """
+    groups = op.outer * op.inner // VEC16
+    em.open("")
+    strides = _tile_strides(em, op, load) if STEPPED_GROUPS else None
+    if STEPPED_GROUPS:
+        em.line(f"int pf_o = pf_tid * {VEC16} / {op.inner}, pf_i = pf_tid * {VEC16} % {op.inner};")
+        em.line(f"int pf_d = pf_o * {op.stride} + pf_i;")
+        if strides is not None:
+            zero = em.access(load.tensor, load.index, dict.fromkeys((*op.rows_axes, op.k), "0"))
+            first = f"pf_o * {strides[0]} + pf_i * {strides[1]}"
+            em.line(f"const {em.stype(load.tensor.dtype)}* pf_p = &{zero} + ({first});")
+        em.element_loop(f"for (int pf_g = pf_tid; pf_g < {groups}; pf_g += {em.threads})")
+    else:
+        em.element_loop(f"for (int pf_g = pf_tid; pf_g < {groups}; pf_g += {em.threads})")
+        em.line(f"const int pf_o = pf_g * {VEC16} / {op.inner}, pf_i = pf_g * {VEC16} % {op.inner};")
+        em.line(f"const int pf_d = pf_o * {op.stride} + pf_i;")
+    env = _staged_element(em, declare, op, ("pf_o", "pf_i"))
+    action = take.format(src="pf_p[0]" if strides is not None else em.access(load.tensor, load.index, env))
     if conditions:
         test = " && ".join(f"({em.scalar(c, env)})" for c in conditions)
         em.line(f"if ({test}) {{ {action} }}")
     else:
         em.line(action)
     em.close()
-    em.line(store.format(dst=f"&{arr}[pf_e / {op.inner} * {op.stride} + pf_e % {op.inner}]"))
+    em.line(store.format(dst=f"&{arr}[pf_d]"))
+    if STEPPED_GROUPS:
+        rows, rest = divmod(em.threads * VEC16, op.inner)
+        step = [("pf_o", rows), ("pf_i", rest), ("pf_d", rows * op.stride + rest)]
+        carry = [("pf_i", -op.inner), ("pf_o", 1), ("pf_d", op.stride - op.inner)]
+        if strides is not None:
+            step.append(("pf_p", rows * strides[0] + rest * strides[1]))
+            carry.append(("pf_p", strides[0] - op.inner * strides[1]))
+        em.line(" ".join(f"{v} += {n};" for v, n in step if n))
+        if rest:
+            em.line(f"if (pf_i >= {op.inner}) {{ {' '.join(f'{v} += {n};' for v, n in carry if n)} }}")
     em.close()
+    em.close()
+
+
+STEPPED_GROUPS = True
+"""Raw staging steps each thread's place in the staged array, and its source pointer, from one group of eight
+values to the next (add constants, carry once past the end of a row) instead of dividing the group's number
+by the row length and building the tensor's 64-bit index at every group.  Measured on the H200 (ms, stepped /
+divided): MLA decode B=32 (576-element rows, where the arithmetic was a third of the partial kernel's
+instructions) 0.413 / 0.420, causal prefill S=4096 1.76 / 1.93, quant_gemm 2.51 / 2.58."""
+
+
+def _tile_strides(em: CudaEmitter, op: Staged, load: TileLoad) -> tuple[int, int] | None:
+    """The strides in ``load``'s tensor of the outer and inner index of ``op``'s staged array, where the index is
+    affine in the tile's two axes with constant strides and the tile's offsets fit in 32 bits; else None."""
+    if len(op.rows_axes) != 1 or load.tensor.name in em.shared_names:
+        return None  # (a shared temporary has its own offsets: padded rows, a loop's resident copy)
+    found = slice_strides(load, (op.rows_axes[0], op.k))
+    if found is None:
+        return None
+    rows, k = found[op.rows_axes[0]], found[op.k]
+    outer, inner = (k, rows) if op.trans else (rows, k)
+    if (op.outer - 1) * outer + (op.inner - 1) * inner >= 2 ** 31:
+        return None
+    return outer, inner
+
+
+def slice_strides(load: TileLoad, axes: tuple[str, ...]) -> dict[str, int] | None:
+    """The element stride of each of ``axes`` in ``load``'s tensor, where each is the axis of exactly one
+    ``Slice`` of the index, appears nowhere else in it, and the dimensions after its own are constants."""
+    shape = load.tensor.shape
+    strides: dict[str, int] = {}
+    for d, i in enumerate(load.index):
+        if isinstance(i, Slice) and i.axis in axes:
+            if i.axis in strides or not all(isinstance(x, Const) for x in shape[d + 1:]):
+                return None
+            strides[i.axis] = math.prod(int(x.value) for x in shape[d + 1:])
+        inner = i.start if isinstance(i, Slice) else i
+        if any(depends_on(inner, a) for a in axes):
+            return None
+    return strides if len(strides) == len(axes) else None
 
 
 ASYNC_STAGING = True
@@ -612,16 +787,20 @@ def copy_async(em: CudaEmitter, op: Staged, low: DType, arr: str) -> None:
                 "pf_src = &{src}; pf_ok = true;", "pf::cp_async16({dst}, pf_src, pf_ok);")
 
 
-def _staged_element(em: CudaEmitter, declare: str, op: Staged) -> dict[str, str]:
-    """Row ``pf_r`` and ``pf_k`` of staged element ``pf_e`` of ``op``, the zero value ``declare``d,
-    and an open ``if`` for the elements inside the operand (padding stays zero); returns the axis
-    environment of the element."""
+def _staged_element(em: CudaEmitter, declare: str, op: Staged,
+                    place: tuple[str, str] | None = None) -> dict[str, str]:
+    """Row ``pf_r`` and ``pf_k`` of staged element ``pf_e`` of ``op`` (or of the element at outer and inner
+    index ``place``), the zero value ``declare``d, and an open ``if`` for the elements inside the operand
+    (padding stays zero); returns the axis environment of the element."""
+    outer, inner = place or (f"pf_e / {op.inner}", f"pf_e % {op.inner}")
     if op.trans:
-        em.line(f"const int pf_k = pf_e / {op.inner}, pf_r = pf_e % {op.inner};")
+        em.line(f"const int pf_k = {outer}, pf_r = {inner};")
     else:
-        em.line(f"const int pf_r = pf_e / {op.inner}, pf_k = pf_e % {op.inner};")
+        em.line(f"const int pf_r = {outer}, pf_k = {inner};")
     em.line(declare)
-    em.open(f"if (pf_r < {op.rows} && pf_k < {op.kk})")
+    rows_in, k_in = (op.rows == op.rows_pad, op.kk == op.kp) if op.trans else (True, op.kk == op.kp)
+    tests = [t for t, known in ((f"pf_r < {op.rows}", rows_in), (f"pf_k < {op.kk}", k_in)) if not known]
+    em.open(f"if ({' && '.join(tests)})" if tests else "")
     return {**em.decode(op.rows_axes, "pf_r"), op.k: "pf_k"}
 
 
