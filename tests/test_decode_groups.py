@@ -52,7 +52,7 @@ def _check(op: ops.Operator, sizes: dict, run) -> None:
 
 @pytest.mark.parametrize(("name", "preset", "expected", "splits"), [
     ("attn_mla_decode", "decode", DecodeTiling(16, 64, 1024), 32),
-    ("attn_mla_decode", "decode_b32", DecodeTiling(16, 64, 1024), 4),
+    ("attn_mla_decode", "decode_b32", DecodeTiling(16, 64, 2048), 2),  # two waves of two blocks per SM
     ("attn_gqa", "decode", DecodeTiling(8, 128, 1024), 32),
     ("attn_softcap", "decode", DecodeTiling(2, 128, 1024), 32),
     ("attn_causal", "decode", DecodeTiling(1, 128, 1024), 32),
@@ -76,6 +76,19 @@ def test_tiling_rule_follows_the_module_constants(monkeypatch):
     assert (tiling.heads, tiling.tile) == (32, 64)
     assert tiling.splits(32768) == 32  # 4 head groups × 32 splits = 128 blocks
     assert gpu_decode_tiling(1, 24, 8, 4096, 128).heads == 3  # a divisor of the group of 3
+
+
+def test_splits_divide_the_tiles_and_aim_at_two_waves_of_resident_blocks(monkeypatch):
+    # MLA's partial block (64 keys x 584 and 16 query rows of 584, f16) leaves room for two blocks per SM:
+    # at B=32 the 256 head groups get 2 splits (2 waves of 264), not the 4 that GPU_DECODE_BLOCKS asks for.
+    # A split count that does not divide the tiles is lowered to one that does (no masked last split).
+    assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 2
+    monkeypatch.setattr(schedules, "GPU_DECODE_WAVES", 4)
+    assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 4
+    monkeypatch.setattr(schedules, "GPU_DECODE_BLOCKS", 700)
+    assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 2  # 3 does not divide the 64 tiles
+    tiling = gpu_decode_tiling(1, 32, 32, 40 * 128, 128)  # 40 tiles: 32 splits would not divide them
+    assert tiling.splits(40 * 128) == 5 and tiling.split == 8 * 128
 
 
 def test_a_tiling_that_splits_a_group_across_kv_heads_is_refused():

@@ -66,6 +66,16 @@ enough key tiles stream at once; ``GPU_DECODE_MIN_SPLIT`` bounds the splits from
 H200 (partials and combine included): MHA causal B=1 H=32 Skv=32768 0.312 ms with 264 blocks (9 splits),
 0.192 with 1056 (32); MHA global B=1 H=16 0.100 → 0.077; but MLA 0.427 → 1.08 and GQA 0.103 → 0.180 when
 the same target cuts their splits to 256 keys, which the minimum below prevents."""
+GPU_SMS = 132
+"""Streaming multiprocessors of the GPU the decode split rule aims at (the H200's)."""
+GPU_SM_SHARED = 228 * 1024
+"""Shared memory per streaming multiprocessor (the H200's), for the decode split rule's estimate of how many
+partial blocks reside at once (:func:`gpu_decode_tiling`)."""
+GPU_DECODE_WAVES = 2
+"""Most waves of resident partial blocks the decode split rule aims at.  Where a block's tiles leave room for
+few blocks per SM (MLA: a 64 × 584 key tile and 16 query rows of 584, two blocks), ``GPU_DECODE_BLOCKS`` would
+mean many waves of short blocks, each of which pays the query tile, its partial results and their combine:
+MLA decode B=32 measured 0.406 ms with 4 splits, 0.388 with 2 (H200, 2 blocks per SM)."""
 GPU_DECODE_MIN_SPLIT = 1024
 """Fewest keys per split when the keys are split (the combine reads one partial result per split: below
 about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
@@ -147,6 +157,10 @@ class DecodeTiling:
         return -(-keys // self.split)
 
 
+def _up(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
 def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int) -> DecodeTiling:
     """The GPU decode tiling of one attention instance; every constant it uses is a module constant.
 
@@ -156,12 +170,15 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     2. tile: ``GPU_DECODE_TILE`` keys, halved (down to 16) while the f16 key tile exceeds
        ``GPU_DECODE_TILE_BYTES`` and while the keys do not span two tiles (small test sizes);
     3. split: the (batch, kv head, head group) units in parallel are multiplied by the fewest splits that
-       give ``GPU_DECODE_BLOCKS`` blocks (never more splits than tiles, nor splits of fewer than
-       ``GPU_DECODE_MIN_SPLIT`` keys); the keys are shared evenly and
-       the split rounded up to whole tiles.  A split of many tiles rolls over them inside its block, so
-       its partial results (one per split, written and read again by the combine) stay few: at MLA's
-       B=1 H=128 Skv=32768, 32 splits of 1024 keys instead of 256 of 128 (pv partials of 8 MB, not 67 MB);
-       for B=32 H=64 Skv=4096 the 2048 units need no split at all.
+       give ``GPU_DECODE_BLOCKS`` blocks, or ``GPU_DECODE_WAVES`` waves of the blocks that reside at once
+       if fewer (estimated from the shared memory of the key tile and the query rows: two blocks per SM for
+       MLA); never more splits than tiles, nor splits of fewer than ``GPU_DECODE_MIN_SPLIT`` keys.  Where
+       the keys are whole tiles, the splits divide the tiles (an uneven last split is masked, and its
+       kernel is another: MLA B=32 with 3 splits measured 1.51 ms against 0.41 with 4); the keys are shared
+       evenly and the split rounded up to whole tiles.  A split of many tiles rolls over them inside its
+       block, so its partial results (one per split, written and read again by the combine) stay few: at
+       MLA's B=1 H=128 Skv=32768, 32 splits of 1024 keys instead of 256 of 128 (pv partials of 8 MB, not
+       67 MB); for B=32 H=64 Skv=4096 the 2048 units need no split at all.
     """
     group = q_heads // kv_heads
     heads = max(d for d in range(1, min(group, GPU_DECODE_HEADS) + 1) if group % d == 0)
@@ -170,7 +187,12 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
         tile //= 2
     tile = _fit(tile, keys)
     units = batch * kv_heads * (group // heads)
-    splits = max(1, min(-(-GPU_DECODE_BLOCKS // units), -(-keys // tile), keys // GPU_DECODE_MIN_SPLIT))
+    resident = max(1, GPU_SM_SHARED // ((tile + _up(heads, 16)) * (qk_dim + 8) * 2 + 1024))
+    blocks = min(GPU_DECODE_BLOCKS, GPU_SMS * resident * GPU_DECODE_WAVES)
+    tiles = -(-keys // tile)
+    splits = max(1, min(-(-blocks // units), tiles, keys // GPU_DECODE_MIN_SPLIT))
+    if keys % tile == 0:
+        splits = max(d for d in range(1, splits + 1) if tiles % d == 0)
     split = -(-keys // splits)
     return DecodeTiling(heads, tile, -(-split // tile) * tile, GPU_COMBINE_COLUMNS)
 
