@@ -600,10 +600,11 @@ def _steps(text: str):
                r"(?:\s*const \w+\* pf_p = [^;]*\+ \(pf_o \* (\d+) \+ pf_i \* (\d+)\);)?"
                r"\s*#pragma unroll \d+\s*for \(int pf_g = pf_tid; pf_g < (\d+); pf_g \+= (\d+)\)")
     for m in re.finditer(pattern, text):
-        body = text[m.end():text.index("\n    ", text.index("pf_o +=", m.end()) + 200)]
-        step = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", body.split("if (pf_i >=")[0]))
-        carry = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", body.split("if (pf_i >=")[1].split("}")[0])) \
-            if "if (pf_i >=" in body else {}
+        # The loop's step line and, right after it, its carry line (absent where a row takes whole steps).
+        lines = text[text.index("pf_o +=", m.end()):].split("\n", 2)
+        step = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", lines[0]))
+        after = lines[1].strip()
+        carry = dict(re.findall(r"(pf_[oidp]) \+= (-?\d+);", after)) if after.startswith("if (pf_i >=") else {}
         inner, stride, so, si, groups, threads = (int(x) if x else None for x in m.groups())
         found.append((inner, stride, so, si, groups, threads, step, carry))
     return found
@@ -643,8 +644,9 @@ def test_long_k_score_splits_among_warp_groups():
 
     text = emit(_tiles("attn_mla_decode", "decode", **MLA_576), CUDA).text
     score = _statement(text, "score")
-    groups = 8 // (8 // mma.SPLIT_K_TILES)
-    assert f"const int pf_kg = pf_warp / {8 // groups};" in score
+    units = 8 // mma.SPLIT_K_TILES  # warps covering the 8 key tiles
+    groups = 8 // units  # of the 8 warps
+    assert f"const int pf_kg = pf_warp / {units};" in score
     assert f"for (int pf_kk = pf_kg * 16; pf_kk < 576; pf_kk += {16 * groups})" in score
     assert f"float pf_c[{mma.SPLIT_K_TILES}][4] = {{}};" in score
     part = score.index("if (pf_kg > 0)")

@@ -567,10 +567,11 @@ def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: s
 PAIRED_B = True
 """In a dot with a split operand (hi + lo parts), a warp loads the ``b`` fragments of two neighbouring 8-column
 tiles with one ``ldmatrix.x4`` (instead of two ``.x2``) and issues both tiles' products with one part before
-those with the next, so that consecutive mma do not wait for each other.  Measured on the H200 (ms, paired /
-not): quant_gemm 2.34 / 2.51, causal prefill 1.74 / 1.78, GQA prefill 3.30 / 3.39, MLA decode 0.406 / 0.408.
-Dots of plain 16-bit operands are not paired: global prefill's score went from 64 to 71 registers per thread
-(4 → 3 blocks per SM) and from 1.13 to 1.26 ms."""
+those with the next, so that consecutive mma do not wait for each other.  Measured on the H200 with every dot of
+even tiles paired (ms, paired / not): quant_gemm 2.34 / 2.51, causal prefill 1.74 / 1.78, GQA prefill 3.30 /
+3.39, MLA decode 0.406 / 0.408; but global prefill 1.26 / 1.13, its score product (plain 16-bit operands) taking
+it from 64 to 71 registers per thread (4 → 3 blocks per SM), hence split-operand dots only (with which the
+benchmark still gave quant_gemm 2.33 and causal prefill 1.74, global prefill 1.13)."""
 
 
 def _paired_fragments(em: CudaEmitter, load: str, arr: str, at: str, size: int, split: bool) -> None:

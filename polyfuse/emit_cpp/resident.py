@@ -88,7 +88,8 @@ def plan(em: CudaEmitter, loop: Loop, registers: set[str]) -> list[Resident]:
         tensor = em.tensors[name]
         found = accesses[name]
         if (tensor.role in (INPUT, OUTPUT) or name in em.shared_names or name in registers or name in products
-                or any(x.mask is not None for x in found) or any(getattr(x, "reducer", None) for x in found)):
+                or any(x.mask is not None for x in found)
+                or any(isinstance(x, TileStore) and x.reducer for x in found)):
             continue
         first = _shape(found[0].index)
         if any(_shape(x.index) != first for x in found[1:]):

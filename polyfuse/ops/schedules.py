@@ -68,9 +68,6 @@ H200 (partials and combine included): MHA causal B=1 H=32 Skv=32768 0.312 ms wit
 the same target cuts their splits to 256 keys, which the minimum below prevents."""
 GPU_SMS = 132
 """Streaming multiprocessors of the GPU the decode split rule aims at (the H200's)."""
-GPU_SM_SHARED = 228 * 1024
-"""Shared memory per streaming multiprocessor (the H200's), for the decode split rule's estimate of how many
-partial blocks reside at once (:func:`gpu_decode_tiling`)."""
 GPU_DECODE_WAVES = 2
 """Most waves of resident partial blocks the decode split rule aims at.  Where a block's tiles leave room for
 few blocks per SM (MLA: a 64 × 584 key tile and 16 query rows of 584, two blocks), ``GPU_DECODE_BLOCKS`` would
@@ -157,12 +154,9 @@ class DecodeTiling:
         return -(-keys // self.split)
 
 
-def _up(n: int, to: int) -> int:
-    return -(-n // to) * to
-
-
 def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int) -> DecodeTiling:
-    """The GPU decode tiling of one attention instance; every constant it uses is a module constant.
+    """The GPU decode tiling of one attention instance; every constant it uses is a module constant (and the
+    emitter's ``SM_SHARED``).
 
     1. heads per block: the largest divisor of the group ``q_heads // kv_heads`` up to ``GPU_DECODE_HEADS``
        (a divisor, so that a block's heads share one kv head: 8 for attn_gqa, 2 for attn_softcap, 16 of
@@ -187,7 +181,10 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
         tile //= 2
     tile = _fit(tile, keys)
     units = batch * kv_heads * (group // heads)
-    resident = max(1, GPU_SM_SHARED // ((tile + _up(heads, 16)) * (qk_dim + 8) * 2 + 1024))
+    from polyfuse.emit_cpp.cuda import SM_SHARED  # (the emitter's figure; imported where GPU plans are made)
+
+    rows = -(-heads // 16) * 16  # the query rows of a tile, padded as the tensor-core product pads them
+    resident = max(1, SM_SHARED // ((tile + rows) * (qk_dim + 8) * 2 + 1024))
     blocks = min(GPU_DECODE_BLOCKS, GPU_SMS * resident * GPU_DECODE_WAVES)
     tiles = -(-keys // tile)
     splits = max(1, min(-(-blocks // units), tiles, keys // GPU_DECODE_MIN_SPLIT))
