@@ -91,6 +91,15 @@ def test_norm_inside_repair_has_two_producers():
         assert _same(r, expected), r.h
 
 
+def test_identity_guard_only_where_h_can_make_nan_of_zero():
+    """t·exp(m - m') maps 0 to exactly 0 (m' >= m), so pv's update has no ``pv == 0`` guard; norm_inside's
+    h also divides by row_sum', which keeps it (``Repair.decays``)."""
+    for name, guarded in (("attn_global", False), ("attn_norm_inside", True)):
+        value = str(fused(name, "prefill").program.block("pv").store.value)
+        assert ("eq(pv[" in value) == guarded, (name, value)
+        assert "eq(row_max_prev[" in value, (name, value)
+
+
 def test_norm_and_gemm_repairs():
     r = _h("l2norm_stable", "default", "s_ssq")
     assert _same(r, r.t * r.old[0] ** 2 / r.new[0] ** 2)

@@ -189,9 +189,20 @@ PROJ_SPREAD = math.sqrt(3.0)
 """Projection entries are U(-sqrt 3, sqrt 3)·magnitude: unit variance like FAVOR+'s Gaussian
 features, but bounded, so that the tolerance is a hard bound."""
 
-PERFORMER_MAGNITUDES = (1.0, 40.0)
-"""Projection scales; at 40 the feature logits q·Pᵀ·δ reach ~±100 and exp without the max
-subtraction overflows f32."""
+PERFORMER_MAGNITUDES = (1.0, 120.0)
+"""About the largest key feature logit δ·k·Pᵀ (the projection is scaled to it: ``projection_scale``).
+At 120, exp without the max subtraction overflows f32 (beyond 88.7) while the denominators
+q'·Σ_l k' stay normal f32 numbers.  A fixed projection scale lets the logits grow with D and with
+the L·F values the key max runs over: at the bench size, scale 40 gave logits of ±320, and the
+denominators underflowed to 0 in every f32 program, fused or not (NaN where float64 is finite)."""
+
+
+def projection_scale(sizes: Sizes, magnitude: float) -> float:
+    """Entries of P are U(-sqrt 3, sqrt 3)·scale.  With x ~ U(-1, 1) a feature logit δ·x·Pᵀ has standard
+    deviation scale·D^(1/4)/sqrt(3), and the largest of the L·F key logits is about sqrt(2·ln(L·F)) of
+    those: the scale makes that the magnitude."""
+    spread = math.sqrt(2.0 * math.log(max(sizes["L"] * sizes["F"], 3)))
+    return magnitude * PROJ_SPREAD / (sizes["D"] ** 0.25 * spread)
 
 
 def performer_constants(sizes: Sizes) -> tuple[float, float, float]:
@@ -256,10 +267,10 @@ def build_performer(mode: str, sizes: Sizes) -> Program:
 
 
 def make_performer_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude: float) -> Arrays:
-    """q, k, v ~ U(-1, 1); the projection ~ U(-sqrt 3, sqrt 3)·magnitude."""
+    """q, k, v ~ U(-1, 1); the projection ~ U(-sqrt 3, sqrt 3)·``projection_scale``."""
     B, H, L, D, F = sizes["B"], sizes["H"], sizes["L"], sizes["D"], sizes["F"]
     qkv = {n: rng.uniform(-1.0, 1.0, (B, H, L, D)).astype(np.float32) for n in ("q", "k", "v")}
-    proj = rng.uniform(-PROJ_SPREAD, PROJ_SPREAD, (F, D)) * magnitude
+    proj = rng.uniform(-PROJ_SPREAD, PROJ_SPREAD, (F, D)) * projection_scale(sizes, magnitude)
     return qkv | {"proj": proj.astype(np.float32)}
 
 
@@ -282,7 +293,7 @@ def ref_performer(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
 def tol_performer(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
     L, D, F = sizes["L"], sizes["D"], sizes["F"]
     delta, _, beta = performer_constants(sizes)
-    dash = delta * D * PROJ_SPREAD * max(PERFORMER_MAGNITUDES)  # >= Σ_d |δ·x·P|
+    dash = delta * D * PROJ_SPREAD * projection_scale(sizes, max(PERFORMER_MAGNITUDES))  # >= Σ_d |δ·x·P|
     exponent = (2 * D + 6) * U32 * dash + (D + 3) * U32 * beta * D  # abs error of the exp argument
     feature = exponent + FN32 + 2 * U32  # rel error of q' and k'
     return {"out": (4 * feature + 2 * (L + F + 1) * U32, 0.0)}
@@ -294,8 +305,9 @@ register(Operator(
                 "q' = ρ·exp(δ·q·Pᵀ - δ²|q|²/2 - max_f), k' likewise with max over (l, f), "
                 "out = q'·(k'ᵀv) / (q'·Σ_l k')",
     build=build_performer, make_inputs=make_performer_inputs, reference=ref_performer, tolerance=tol_performer,
-    tolerance_note="f32, U32 = 2^-24 per rounding, exp <= 8·U32. With |q|, |k| <= 1 and |P| <= sqrt(3)·mag, "
-                   "Σ_d |δ·q·P| <= δ·D·sqrt(3)·mag =: S; a feature logit is off by (D + 1)·U32·S, the exp "
+    tolerance_note="f32, U32 = 2^-24 per rounding, exp <= 8·U32. With |q|, |k| <= 1 and "
+                   "|P| <= sqrt(3)·scale (projection_scale), Σ_d |δ·q·P| <= δ·D·sqrt(3)·scale =: S; a feature "
+                   "logit is off by (D + 1)·U32·S, the exp "
                    "argument dash - β|q|² - max by e = (2D + 6)·U32·S + (D + 3)·U32·β·D, so q' and k' are off "
                    "by ε = e + 8·U32 + 2·U32 relatively. out is a convex combination of v rows (|v| <= 1) with "
                    "weights q'·k'/Σ: atol = 4ε + 2(L + F + 1)·U32 (numerator and denominator sums over L and F), "

@@ -99,18 +99,17 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
                     producers: Mapping[Load, Block] | None = None) -> Block:
     """``block`` with its update repaired; ``acc_operand`` says which operand h applies to.
 
-    ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``;
-    ``"term"`` (split-k update, Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``.
-    ``G`` keeps its argument when it is the reducer's identity (h of the identity is
-    the identity, by distributivity) — and ``repair.apply`` keeps it when no producer
-    changed (``h(t, r, r) = t``).  A state repair reads the auxiliary accumulators
-    ``state`` (for X, its A's; for A_k, the higher ones) and has no ``G``: X = 0 with
-    A ≠ 0 still changes.  Instead, it keeps its argument while an old producer value
-    is still at its infinite identity (``producers`` maps each value to its block):
-    every term so far was guarded to the identity (:func:`guard_term`), so the state
-    is empty, and h would compute ``0·inf``.  And in a combine, a partial that rfactor
-    marks missing (``rest = select(exists, X_rf[…], identity)``, its producer values
-    never written) is kept out around h: ``select(exists, h(X_rf[…], …), identity)``.
+    ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``; ``"term"`` (split-k update,
+    Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``. ``G`` keeps its argument when it is the reducer's identity (h of
+    the identity is the identity, by distributivity, but IEEE's ``0·inf`` is not 0); it is left out where h
+    provably maps 0 to 0 (``Repair.decays``: ``t·exp(r - r')`` of a max producer) — and ``repair.apply`` keeps
+    the argument when no producer changed (``h(t, r, r) = t``). A state repair reads the auxiliary accumulators
+    ``state`` (for X, its A's; for A_k, the higher ones) and has no ``G``: X = 0 with A ≠ 0 still changes.
+    Instead, it keeps its argument while an old producer value is still at its infinite identity (``producers``
+    maps each value to its block): every term so far was guarded to the identity (:func:`guard_term`), so the
+    state is empty, and h would compute ``0·inf``.  And in a combine, a partial that rfactor marks missing
+    (``rest = select(exists, X_rf[…], identity)``, its producer values never written) is kept out around h:
+    ``select(exists, h(X_rf[…], …), identity)``.
     """
     acc = Load(block.store.tensor, block.store.indices)
     rest = block.reduce_term()
@@ -123,7 +122,9 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
         exists, target = rest.cond, rest.true_value
         state = [s.true_value if isinstance(s, Select) and s.cond == exists else s for s in state]
     h = repair.apply(target, old=old, new=new, state=state)
-    if repair.keeps_identity:
+    if repair.decays({ld: p.reducer.name for ld, p in (producers or {}).items() if p.reducer is not None}):
+        repaired = h
+    elif repair.keeps_identity:
         repaired = select(eq(target, identity), target, h)
     else:
         unseen = [eq(old[ld], p.reducer.identity) for ld, p in (producers or {}).items()  # type: ignore[union-attr]

@@ -109,6 +109,33 @@ class Repair:
         (h reads auxiliary accumulators) does not: X = 0 with A ≠ 0 still changes."""
         return not self.state
 
+    def decays(self, reducers: Mapping[Load, str]) -> bool:
+        """True when h is ``t·exp(E)`` with ``E = Σ c_k·(r_k - r_k')``, each ``c_k`` a number, positive
+        for a max producer and negative for a min one (``reducers`` names each producer's reducer).
+
+        A producer's new value is its reduction over the old value and more (``r' >= r`` for a
+        max), so once ``apply``'s guard has kept ``t`` where no producer changed, ``E`` lies in
+        ``[-inf, 0)`` even at infinite producers, and the factor in ``[0, 1)``: h maps the
+        identity 0 to exactly 0, with no ``0·inf`` to guard against (NaN producers make every
+        term NaN whatever h does).  A sum reducer only: its identity is 0.
+        """
+        if self.reducer != "sum" or self.state or self.t not in self.h.free_symbols:
+            return False
+        factor = sympy.powsimp(sympy.simplify(self.h / self.t))
+        if self.t in factor.free_symbols or not isinstance(factor, sympy.exp):
+            return False
+        exponent = sympy.expand(factor.args[0])
+        rest = exponent
+        for load, r, r_new in zip(self.producers, self.old, self.new, strict=True):
+            c = exponent.coeff(r)
+            if not c.is_number or c != -exponent.coeff(r_new):
+                return False
+            sign = {"max": 1, "min": -1}.get(reducers.get(load, ""), 0)
+            if c != 0 and (sign == 0 or sign * c <= 0):
+                return False
+            rest -= c * (r - r_new)
+        return sympy.expand(rest) == 0
+
     def apply(self, t: Expr, old: Mapping[Load, Expr], new: Mapping[Load, Expr], *, guard: bool = True,
               state: Sequence[Expr] = ()) -> Expr:
         """IR for ``h(t, r_old, r_new)``, in the reducer's dtype (f32 for non-float reducers).

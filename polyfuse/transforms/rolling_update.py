@@ -28,7 +28,8 @@ n the count of elements reduced so far: ``min(T·(k + 1), N)`` for tiles of T (t
 may be partial).  After the last iteration it is exactly r, which keeps the repair exact.
 
 Guards, each exact: ``G`` keeps ``X`` when it is still the reducer's identity
-(distributivity makes h(identity) the identity) or when no producer changed
+(distributivity makes h(identity) the identity; G is left out where h is ``t·exp(r - r')``
+of a max producer, which maps 0 to exactly 0: ``Repair.decays``) or when no producer changed
 (``h(t, r, r) = t``); a term computed while a max/min producer is still at its
 infinite identity (every element seen so far masked to -inf) contributes the
 identity, which is what that term is worth once the producer is finite.  So
