@@ -186,8 +186,8 @@ register(Operator(
 # ------------------------------------------------------------------ performer
 
 PROJ_SPREAD = math.sqrt(3.0)
-"""Projection entries are U(-sqrt 3, sqrt 3)·magnitude: unit variance like FAVOR+'s Gaussian
-features, but bounded, so that the tolerance is a hard bound."""
+"""Projection entries are U(-sqrt 3, sqrt 3)·``projection_scale``: unit variance (before the scale)
+like FAVOR+'s Gaussian features, but bounded, so that the tolerance is a hard bound."""
 
 PERFORMER_MAGNITUDES = (1.0, 120.0)
 """About the largest key feature logit δ·k·Pᵀ (the projection is scaled to it: ``projection_scale``).

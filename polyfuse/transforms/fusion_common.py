@@ -99,16 +99,20 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
                     producers: Mapping[Load, Block] | None = None) -> Block:
     """``block`` with its update repaired; ``acc_operand`` says which operand h applies to.
 
-    ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``; ``"term"`` (split-k update,
-    Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``. ``G`` keeps its argument when it is the reducer's identity (h of
-    the identity is the identity, by distributivity, but IEEE's ``0·inf`` is not 0); it is left out where h
-    provably maps 0 to 0 (``Repair.decays``: ``t·exp(r - r')`` of a max producer) — and ``repair.apply`` keeps
-    the argument when no producer changed (``h(t, r, r) = t``). A state repair reads the auxiliary accumulators
-    ``state`` (for X, its A's; for A_k, the higher ones) and has no ``G``: X = 0 with A ≠ 0 still changes.
-    Instead, it keeps its argument while an old producer value is still at its infinite identity (``producers``
-    maps each value to its block): every term so far was guarded to the identity (:func:`guard_term`), so the
-    state is empty, and h would compute ``0·inf``.  And in a combine, a partial that rfactor marks missing
-    (``rest = select(exists, X_rf[…], identity)``, its producer values never written) is kept out around h:
+    ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``;
+    ``"term"`` (split-k update, Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``.
+    ``G`` keeps its argument when it is the reducer's identity (h of the identity is
+    the identity, by distributivity, but IEEE's ``0·inf`` is NaN); it is left out where
+    h provably maps 0 to 0 (``Repair.decays``: ``t·exp(r - r')`` of a max producer).
+    ``repair.apply`` keeps the argument when no producer changed (``h(t, r, r) = t``).
+
+    A state repair reads the auxiliary accumulators ``state`` (for X, its A's; for A_k,
+    the higher ones) and has no ``G``: X = 0 with A ≠ 0 still changes.  Instead, it keeps
+    its argument while an old producer value is still at its infinite identity
+    (``producers`` maps each value to its block): every term so far was guarded to the
+    identity (:func:`guard_term`), so the state is empty, and h would compute ``0·inf``.
+    And in a combine, a partial that rfactor marks missing (``rest = select(exists,
+    X_rf[…], identity)``, its producer values never written) is kept out around h:
     ``select(exists, h(X_rf[…], …), identity)``.
     """
     acc = Load(block.store.tensor, block.store.indices)
