@@ -49,6 +49,8 @@ __all__ = [
 ]
 
 Number = int | float | bool
+_SMALL = 4096
+"""Rational coefficients p/q with p, q up to this stay a division by q (a size, a count)."""
 
 
 class SymbolicError(PolyfuseError):
@@ -108,6 +110,12 @@ class SymbolTable:
         self._by_expr[e] = sym
         self._by_symbol[sym] = e
         return sym
+
+    def force(self, e: Expr, sym: sympy.Symbol) -> None:
+        """Make ``e`` convert to the existing symbol ``sym`` (two IR values known to be one)."""
+        self._by_expr[e] = sym
+        self._by_symbol.setdefault(sym, e)
+        self._names.add(sym.name)
 
     def lookup(self, e: Expr) -> sympy.Symbol | None:
         return self._by_expr.get(e)
@@ -356,6 +364,9 @@ class _FromSympy:
         coeff = -coeff if negative else coeff
         num: list[Expr | Number] = [] if coeff == 1 else [self.number(coeff)]
         den: list[Expr | Number] = []
+        if coeff.is_Rational and not coeff.is_Integer and coeff.p <= _SMALL and coeff.q <= _SMALL:
+            # x/40 stays a division by 40, as a program writes it (0.025·x rounds differently)
+            num, den = ([] if coeff.p == 1 else [int(coeff.p)]), [int(coeff.q)]
         ups: list[tuple[sympy.Basic, sympy.Basic]] = []
         downs: list[tuple[sympy.Basic, sympy.Basic]] = []
         for f in factors:

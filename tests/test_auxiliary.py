@@ -63,9 +63,9 @@ def _chain(consumer_term):
     return _chain_program(consumer_term).block("s_s")
 
 
-def _chain_program(consumer_term, producer="sum"):
+def _chain_program(consumer_term, producer="sum", finite=False):
     p = ProgramBuilder("chain")
-    x = p.input("x", (4, 8), "f32")
+    x = p.input("x", (4, 8), "f32", finite=finite)
     m = p.temp("m", (4,), "f32")
     s = p.output("s", (4,), "f32")
     with p.nest("s_m", i=4, j=reduce(8)) as (i, j):
@@ -240,20 +240,34 @@ def test_split_k_of_a_non_polynomial_term_is_refused_with_the_reason():
         sch.split_k_update("s_s", j0)
 
 
-@pytest.mark.parametrize("fusion", ["rolling_update", "split_k_update"])
-def test_polynomial_in_a_max_keeps_the_empty_state_while_the_max_is_minus_inf(fusion):
-    """Σ (x - max)²: the state starts where the previous max is -inf; h would compute 0·inf there.
-    Every component of the state (the count Σ 1 too) is guarded alike, so it is empty and kept."""
-    program = _chain_program(lambda x, m: (x - m) * (x - m), producer="max")
+def _fuse_chain(program, fusion: str) -> Schedule:
     sch = Schedule(program)
     if fusion == "rolling_update":
         sch.rolling_update("s_s", sch.loop("s_m", "j"))
     else:
         j0, _ = sch.split(sch.loop("s_m", "j"), [3, None])
         sch.split_k_update("s_s", j0)
+    return sch
+
+
+@pytest.mark.parametrize("fusion", ["rolling_update", "split_k_update"])
+def test_polynomial_in_a_max_keeps_the_empty_state_while_the_max_is_minus_inf(fusion):
+    """Σ (x - max)² over finite data: the state starts where the previous max is -inf; h would compute
+    0·inf there, so the empty state is kept."""
+    program = _chain_program(lambda x, m: (x - m) * (x - m), producer="max", finite=True)
+    sch = _fuse_chain(program, fusion)
     inputs = {"x": np.random.default_rng(0).uniform(-2.0, 2.0, (4, 8)).astype(np.float32)}
     got, ref = interpret(sch.program, inputs)["s"], interpret(program, inputs)["s"]
     assert np.all(np.isfinite(got)) and np.allclose(got, ref, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fusion", ["rolling_update", "split_k_update"])
+def test_polynomial_in_a_max_of_data_that_may_be_minus_inf_is_refused(fusion):
+    """Data holding -inf make the running max -inf while the plain program's term for such an element is
+    +inf; no guard makes Σ (x - max)² exact there, so without finite=True the fusion is refused."""
+    program = _chain_program(lambda x, m: (x - m) * (x - m), producer="max")
+    with pytest.raises(NoRepairFound, match="declare the input finite=True"):
+        _fuse_chain(program, fusion)
 
 
 # ------------------------------------------------------------------ rolling update over tiles

@@ -396,14 +396,14 @@ def test_rolling_accumulators_stay_in_registers_across_the_loop():
 def test_rolling_update_factors_are_read_once_per_fragment_row():
     # The epilogue of a rolling update visits the thread's two fragment rows in turn and reads what the
     # value reads per row (the statistics, the repair factor) once per row into registers: no per-element
-    # reads of amax, and quant_gemm's repair t·r/r' is (r/r')·t, its ratio computed once per fragment row
-    # instead of a division per element, and without a pass of its own through shared memory before the
-    # product.
+    # reads of amax, and quant_gemm's repair t·r/r' is (r/r')·t (each r its surrogate while 0), its ratio
+    # computed once per fragment row instead of a division per element, and without a pass of its own
+    # through shared memory before the product.
     gemm = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text
     update = _statement(gemm, "s_gemm")
     epilogue = _epilogue(update)
     element = epilogue[epilogue.index("for (int pf_j = 0"):]
-    assert re.search(r"const float pf_row\d+ = \(amax_prev\[.*\] / amax\[.*\]\);", epilogue)
+    assert re.search(r"const float pf_row\d+ = \(\(.*amax_prev\[.*\]\) / \(.*amax\[.*\]\)\);", epilogue)
     assert "amax[" not in element and "amax_prev[" not in element and " / " not in element
     assert "pf_e] = (amax_prev[" not in update
     # Attention's running max likewise (in global memory for a split decode's partials).

@@ -91,13 +91,19 @@ def test_norm_inside_repair_has_two_producers():
         assert _same(r, expected), r.h
 
 
-def test_identity_guard_only_where_h_can_make_nan_of_zero():
-    """t·exp(m - m') maps 0 to exactly 0 (m' >= m), so pv's update has no ``pv == 0`` guard; norm_inside's
-    h also divides by row_sum', which keeps it (``Repair.decays``)."""
-    for name, guarded in (("attn_global", False), ("attn_norm_inside", True)):
-        value = str(fused(name, "prefill").program.block("pv").store.value)
-        assert ("eq(pv[" in value) == guarded, (name, value)
-        assert "eq(row_max_prev[" in value, (name, value)
+def test_no_identity_guard_where_the_repair_maps_the_identity_to_itself():
+    """``G`` (keep X while it is the identity) is left out where the numerics proved h = t·Q with Q in
+    [0, 1] and finite at a producer's identity: t·exp(m - m') (exp(-inf - m') = 0), norm_inside's
+    t·exp(m - m')·s/s' (s' >= 1 once m is finite: its term is 1 where m is attained), quant_gemm's t·m/m'
+    (a max of |A| is never -inf after the first step, where the update keeps t), and rmsnorm_amax's max
+    repair t·sqrt(s/M + eps)/sqrt(s'/M + eps) > 0, which maps -inf to -inf."""
+    for name, block in (("attn_global", "pv"), ("attn_norm_inside", "pv"), ("quant_gemm", "s_gemm"),
+                        ("rmsnorm_amax", "s_amax")):
+        program = fused(name, ops.get(name).modes[0]).program
+        value = str(program.block(block).store.value)
+        x = program.block(block).store.tensor.name
+        assert f"eq({x}[" not in value, (name, value)
+        assert "_prev[" in value, (name, value)
 
 
 def test_norm_and_gemm_repairs():

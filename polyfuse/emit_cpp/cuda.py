@@ -156,15 +156,16 @@ class CudaEmitter(CFamilyEmitter):
         """Only costly operands: hoisting costs a pass through shared memory and a barrier.
 
         A math function or a division is computed once per element of its own axes; index
-        arithmetic, comparisons and selects are cheaper to recompute than to share.
+        arithmetic, comparisons and selects are cheaper to recompute than to share, and so is integer
+        arithmetic of loop variables alone (a loop bound ``i_0 // 2 + 1``), the same for every element.
         """
-        from polyfuse.tiling.htile import walk_tile_expr
+        from polyfuse.tiling.htile import axes_of, walk_tile_expr
 
         if self.per_row is not None and _per_row(e, *self.per_row):
             return False  # a dot's epilogue computes it once per fragment row (_row_values)
         return super().worth_hoisting(e) and any(
             (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
-            or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow"))
+            or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow") and (n.dtype.is_float or axes_of(n)))
             for n in walk_tile_expr(e))
 
     def element_loop(self, header: str) -> None:

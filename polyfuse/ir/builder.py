@@ -215,7 +215,8 @@ class ProgramBuilder:
     def sizes(self, *names: str) -> tuple[Var, ...]:
         return tuple(self.size(n) for n in names)
 
-    def _tensor(self, name: str, shape: Sequence[ExprLike], dtype: dt.DType | str, role: str, scope: str) -> Tensor:
+    def _tensor(self, name: str, shape: Sequence[ExprLike], dtype: dt.DType | str, role: str, scope: str,
+                sign: str | None = None, finite: bool = False) -> Tensor:
         if any(t.name == name for t in self._tensors):
             raise IRError(f"tensor {name!r} declared twice in program {self.name!r}")
         dims = []
@@ -225,12 +226,15 @@ class ProgramBuilder:
             if isinstance(x, int) and x < 1:
                 raise IRError(f"tensor {name!r}: shape dimension {d} is {x}; extents must be positive")
             dims.append(const(x) if isinstance(x, int) else x)
-        t = Tensor(name, tuple(dims), dt.dtype(dtype), role, scope)
+        t = Tensor(name, tuple(dims), dt.dtype(dtype), role, scope, sign, finite)
         self._tensors.append(t)
         return t
 
-    def input(self, name: str, shape: Sequence[ExprLike], dtype: dt.DType | str) -> Tensor:
-        return self._tensor(name, shape, dtype, INPUT, GLOBAL)
+    def input(self, name: str, shape: Sequence[ExprLike], dtype: dt.DType | str, *, sign: str | None = None,
+              finite: bool = False) -> Tensor:
+        """A program input; ``sign="nonnegative"`` or ``"positive"`` and ``finite=True`` promise that of
+        its every value (see :class:`~polyfuse.ir.stmt.Tensor`)."""
+        return self._tensor(name, shape, dtype, INPUT, GLOBAL, sign, finite)
 
     def output(self, name: str, shape: Sequence[ExprLike], dtype: dt.DType | str) -> Tensor:
         return self._tensor(name, shape, dtype, OUTPUT, GLOBAL)

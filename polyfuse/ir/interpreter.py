@@ -61,6 +61,7 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
                 raise IRError(f"input {t.name!r} has dtype {arr.dtype}, the program declares {t.dtype}")
             if arr.shape != shape:
                 raise IRError(f"input {t.name!r} has shape {arr.shape}, the program declares {shape}")
+            check_promises(t, arr)
             buffers[t.name] = arr
         else:
             fill = np.nan if t.dtype.is_float else 0
@@ -70,6 +71,23 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
         runner.run(bound.body, {}, ())
     keep = [t for t in bound.tensors if t.role != INPUT and (return_temps or t.role == "output")]
     return {t.name: buffers[t.name] for t in keep}
+
+
+def check_promises(t: Tensor, values: np.ndarray) -> None:
+    """Refuse values that break what an input declares (``sign``, ``finite``; NaN breaks every sign)."""
+    if t.sign is None and not t.finite:
+        return
+    with np.errstate(invalid="ignore"):
+        bad = np.zeros(values.shape, dtype=bool)
+        if t.sign is not None:
+            bad |= ~(values >= 0) if t.sign == "nonnegative" else ~(values > 0)
+        if t.finite:
+            bad |= ~np.isfinite(values)
+    if np.any(bad):
+        where = tuple(int(k) for k in np.argwhere(bad)[0])
+        promise = ", ".join(x for x in (f"sign={t.sign!r}" if t.sign else "", "finite=True" if t.finite else "") if x)
+        raise IRError(f"input {t.name!r} is declared {promise}, but its element {list(where)} is {values[where]}; "
+                      "the fused program relies on the declaration")
 
 
 def _bind(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping[str, int]) -> Program:

@@ -208,7 +208,8 @@ def print_program(program: Program) -> str:
         shape = ", ".join(expr_to_str(d) for d in t.shape) + ("," if t.ndim == 1 else "")
         role = {INPUT: "input", OUTPUT: "output"}.get(t.role, "temp")
         scope = f', scope="{t.scope}"' if t.scope != GLOBAL else ""
-        lines.append(f'    {names[t.name]} = p.{role}("{t.name}", ({shape}), "{t.dtype}"{scope})')
+        sign = (f', sign="{t.sign}"' if t.sign is not None else "") + (", finite=True" if t.finite else "")
+        lines.append(f'    {names[t.name]} = p.{role}("{t.name}", ({shape}), "{t.dtype}"{scope}{sign})')
     _stmt_lines(program.body, 1, lines, names)
     lines.append("    return p.build()")
     return "\n".join(lines) + "\n"

@@ -39,6 +39,7 @@ REDUCE = "reduce"
 INPUT = "input"
 OUTPUT = "output"
 TEMP = "temp"
+SIGNS = ("nonnegative", "positive")
 ROLES = (INPUT, OUTPUT, TEMP)
 
 GLOBAL = "global"
@@ -57,13 +58,22 @@ THREAD_TAGS = tuple(f"{k}.{a}" for k in ("blockIdx", "threadIdx") for a in "xyz"
 
 @dataclass(frozen=True)
 class Tensor:
-    """A named buffer: shape (expressions of size parameters), dtype, role and memory scope."""
+    """A named buffer: shape (expressions of size parameters), dtype, role and memory scope.
+
+    ``sign`` ("nonnegative" or "positive") and ``finite`` (no ±inf or NaN) are what the caller
+    promises about every value of an input — masses, counts, data without masks.  The repair
+    solver may rely on them (a running sum of masses is 0 only while every mass so far is 0; a
+    running max of finite data is finite from its first element on); the interpreters and the
+    host kernels check them and refuse inputs that break them.
+    """
 
     name: str
     shape: tuple[Expr, ...]
     dtype: DType
     role: str = TEMP
     scope: str = GLOBAL
+    sign: str | None = None
+    finite: bool = False
 
     def __post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -72,6 +82,12 @@ class Tensor:
             raise IRError(f"tensor {self.name!r}: role {self.role!r} is not one of {ROLES}")
         if self.scope not in SCOPES:
             raise IRError(f"tensor {self.name!r}: scope {self.scope!r} is not one of {SCOPES}")
+        if self.sign is not None and (self.sign not in SIGNS or self.role != INPUT):
+            raise IRError(f"tensor {self.name!r}: sign={self.sign!r}; an input may declare sign='nonnegative' or "
+                          "sign='positive', other tensors get their signs from the program")
+        if self.finite and self.role != INPUT:
+            raise IRError(f"tensor {self.name!r}: finite=True is a promise about an input's values; "
+                          f"{self.name!r} is a {self.role}")
 
     @property
     def ndim(self) -> int:

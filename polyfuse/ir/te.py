@@ -168,9 +168,10 @@ class TensorHandle:
         return compute(self.shape, lambda *ax: cast(dtype, self(*ax)), name=name or f"{self.name}_{dtype}")
 
 
-def placeholder(shape: Sequence[ExprLike], dtype: dt.DType | str, name: str) -> TensorHandle:
-    """A program input."""
-    return TensorHandle(Tensor(name, _shape(shape, name), dt.dtype(dtype), INPUT))
+def placeholder(shape: Sequence[ExprLike], dtype: dt.DType | str, name: str, *,
+                sign: str | None = None, finite: bool = False) -> TensorHandle:
+    """A program input (``sign``, ``finite`` as in :meth:`~polyfuse.ir.builder.ProgramBuilder.input`)."""
+    return TensorHandle(Tensor(name, _shape(shape, name), dt.dtype(dtype), INPUT, sign=sign, finite=finite))
 
 
 def _shape(shape: Sequence[ExprLike], name: str) -> tuple[Expr, ...]:

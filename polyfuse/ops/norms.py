@@ -245,7 +245,7 @@ INERTIA_OFFSETS = (1.0, 1e3)
 def build_inertia(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("inertia")
     B, N = sizes["B"], sizes["N"]
-    w = p.input("w", (B, N), "f32")
+    w = p.input("w", (B, N), "f32", sign="nonnegative")  # masses
     x = p.input("x", (B, N, 3), "f32")
     mass = p.temp("mass", (B,), "f32")
     center = p.temp("center", (B, 3), "f32")

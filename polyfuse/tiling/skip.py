@@ -48,8 +48,8 @@ import islpy as isl
 from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Const, Expr, Select, Var, binop
 from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Broadcast, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, walk_tile_expr,
-    walk_tile_stmts,
+    Broadcast, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, map_tile_expr,
+    walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.simplify import simplify_tiles
 from polyfuse.tiling.tileeval import GiveUp, NotAffine, TileEvaluator, carried, store_sizes
@@ -72,7 +72,9 @@ def skip_masked_tiles(program: TileProgram) -> TileProgram:
             body = walk(orig.body, simp.body, (*path, simp))
             out = orig if body is orig.body else orig.replace(body=body)
             extent = _Truncation(simple, path, simp).extent()
-            return out if extent is None else out.replace(extent=extent)
+            if extent is None:
+                return out
+            return out.replace(extent=extent, body=_retarget(out.body, orig, extent))
         return orig
 
     body = walk(program.body, simple.body, ())
@@ -218,7 +220,7 @@ class _Truncation:
             space = Space([p.name for p in self.program.params], [*self.outer, self.loop], axes)
             for store in candidates:
                 found = self._suffix(space, store)
-                if found is not None and self._proven(space, stmts, found[0]):
+                if found is not None and self._proven(space, stmts, found):
                     return found[1]
         except (NotAffine, GiveUp, isl.Error):
             return None
@@ -308,10 +310,13 @@ class _Truncation:
             out = binop("+" if k > 0 else "-", out, Const(abs(k), dtype))
         return out if den == 1 else binop("//", out, Const(den, dtype))
 
-    def _proven(self, space: Space, stmts: list[TileStore], skipped: isl.Set) -> bool:
-        """Whether the skipped iterations store every carried tensor back unchanged."""
-        written = {s.tensor.name for s in stmts}
+    def _proven(self, space: Space, stmts: list[TileStore], found: tuple[isl.Set, Expr]) -> bool:
+        """Whether the skipped iterations store every carried tensor back unchanged (with the tests for
+        the last iteration made tests for the new one, :func:`_retarget`)."""
         inside = {id(s) for s in stmts}
+        skipped, extent = found
+        stmts = [_retarget(s, self.loop, extent) for s in stmts]  # type: ignore[misc]
+        written = {s.tensor.name for s in stmts}
         after = {t.name for t in self.program.tensors if t.role == OUTPUT}
         for s in walk_tile_stmts(self.program.body):
             if isinstance(s, TileStore) and id(s) not in inside:
@@ -322,6 +327,38 @@ class _Truncation:
             return False
         masked = TileEvaluator(space, self.program).run(stmts, skipped)
         return all(layer.unchanged for name in keep for layer in masked.get(name, []))
+
+
+def _retarget(s: Stmt, loop: Loop, extent: Expr) -> Stmt:
+    """``s`` with every test for the last iteration of ``loop`` (``j == E - 1``) made a test for the last
+    iteration of the truncated loop (``j == extent - 1``).
+
+    Such tests mark the steps a reduction fusion takes once, at the end of its rolling loop: the
+    consumer's init, a producer's real value where a surrogate stood, a masked row's guard lifted
+    (:mod:`polyfuse.transforms.rolling_update`).  Each commutes with an iteration that changes nothing
+    (it adds to, reads or replaces values those iterations leave as they were), so it may run at the
+    new last iteration instead; the proof of the skipped iterations then sees them as not last.
+    """
+    var, old = loop.var, loop.extent
+
+    def is_last(e: Expr) -> bool:
+        if isinstance(e, BinOp) and e.op == "-" and e.a == old and e.b == Const(1, e.b.dtype):
+            return True
+        return isinstance(e, Const) and isinstance(old, Const) and e.value == old.value - 1
+
+    def fix(e: Expr) -> Expr | None:
+        if isinstance(e, BinOp) and e.op == "==" and (e.a == var and is_last(e.b) or e.b == var and is_last(e.a)):
+            return BinOp("==", var, binop("-", extent, Const(1, extent.dtype)))
+        return None
+
+    if isinstance(s, Seq):
+        return Seq(tuple(_retarget(c, loop, extent) for c in s.stmts))
+    if isinstance(s, Loop):
+        return s.replace(body=_retarget(s.body, loop, extent))
+    if isinstance(s, TileStore):
+        return dataclasses.replace(s, value=map_tile_expr(s.value, fix),
+                                   mask=None if s.mask is None else map_tile_expr(s.mask, fix))
+    return s
 
 
 def _fraction(v: isl.Val) -> Fraction:

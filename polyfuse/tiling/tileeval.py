@@ -347,6 +347,9 @@ class TileEvaluator:
         return Unknown(deps(x), fn == "not" or (fn in _FINITE_CALLS and self.finite(x, facts, ctx)))
 
     def select(self, e: Select, ctx: isl.Set, facts: tuple[Fact, ...]) -> Value:
+        split = self.split_affine(e)
+        if split is not None:
+            return self.select(split, ctx, facts)
         where = self.condition(e.cond)
         if where is not None:
             inside, outside = ctx.intersect(where), ctx.subtract(where)
@@ -360,7 +363,7 @@ class TileEvaluator:
         if isinstance(cond, Known):
             return self.expr(e.true_value if cond.value else e.false_value, ctx, facts)
         true_facts = false_facts = facts
-        test = self.infinity_test(e.cond, ctx, facts)
+        test = self.infinity_test(self.decided_parts(e.cond, ctx), ctx, facts)
         if test is not None:
             fact, when_true = test
             if when_true:
@@ -369,6 +372,36 @@ class TileEvaluator:
                 true_facts = (*facts, fact)
         return self.join(self.expr(e.true_value, ctx, true_facts), self.expr(e.false_value, ctx, false_facts),
                          ctx, facts, deps(cond))
+
+    def split_affine(self, e: Select) -> Select | None:
+        """``select(A or B, t, f)`` as ``select(A, t, select(B, t, f))`` (``and`` alike) when only A is
+        affine, so that A splits the context as an affine condition does; None otherwise."""
+        cond = e.cond
+        while isinstance(cond, (Broadcast, Permute)):
+            cond = cond.tile
+        if not (isinstance(cond, BinOp) and cond.op in ("and", "or")) or self.condition(cond) is not None:
+            return None
+        for a, b in ((cond.a, cond.b), (cond.b, cond.a)):
+            if self.condition(a) is not None:
+                if cond.op == "or":
+                    return Select(a, e.true_value, Select(b, e.true_value, e.false_value))
+                return Select(a, Select(b, e.true_value, e.false_value), e.false_value)
+        return None
+
+    def decided_parts(self, cond: Expr, ctx: isl.Set) -> Expr:
+        """``cond`` with each operand of ``and``/``or`` that is affine and decided in ``ctx`` folded away
+        (``x == -INF and not last`` is ``x == -INF`` where the iteration is not the last)."""
+        if isinstance(cond, (Broadcast, Permute)):
+            return self.decided_parts(cond.tile, ctx)
+        if not (isinstance(cond, BinOp) and cond.op in ("and", "or")):
+            return cond
+        parts = [self.decided_parts(x, ctx) for x in (cond.a, cond.b)]
+        for k, part in enumerate(parts):
+            where = self.condition(part)
+            decided = None if where is None else self.space.decide(where, ctx)
+            if decided is not None and decided == (cond.op == "and"):
+                return parts[1 - k]
+        return cond
 
     def infinity_test(self, cond: Expr, ctx: isl.Set, facts: tuple[Fact, ...]) -> tuple[Fact, bool] | None:
         """For ``x == -INF`` (``!=``, negated) with ``x`` a start value: that fact, and whether true means -INF."""

@@ -247,10 +247,10 @@ def plain_sum(program: Program, producer: str) -> bool:
 
 
 def _is_sum(b: Block) -> bool:
-    from polyfuse.transforms.repair import _reducer_kind
+    from polyfuse.transforms.repair import reducer_kind
 
     try:
-        return _reducer_kind(b.reducer) == "sum"
+        return reducer_kind(b.reducer) == "sum"
     except PolyfuseError:
         return False
 

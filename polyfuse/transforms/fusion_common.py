@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+
+import numpy as np
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from polyfuse.deps.dependence import Dependence
-from polyfuse.errors import IllegalTransform, InternalError
-from polyfuse.ir.expr import Const, Expr, Load, Select, eq, logical_or, select
+from polyfuse.errors import IllegalTransform, InternalError, PolyfuseError
+from polyfuse.ir.expr import (
+    BinOp, Const, Expr, Load, Select, Var, const, eq, logical_and, logical_not, logical_or, select,
+)
 from polyfuse.ir.stmt import Block, Program, Store
-from polyfuse.ir.visit import free_vars, loads
-from polyfuse.transforms.repair import Repair, result_sign, solve_repair
-from polyfuse.transforms.tree import map_blocks
+from polyfuse.ir.visit import free_vars, loads, map_expr, substitute
+from polyfuse.transforms.numerics import MapDefinition, ProducerFacts, expand_maps, in_loops
+from polyfuse.transforms.repair import Repair, reducer_kind, result_sign, solve_repair
+from polyfuse.transforms.tree import loops_of, map_blocks
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,11 @@ class Fusion:
 
 def solve_for(program: Program, block: str, producers: list[str], *, approximate: bool,
               what: str) -> tuple[list[Load], dict[str, str], Repair | None]:
-    """The producer loads in ``block``'s term, producer tensor -> block, and the proven repair (None if no load)."""
+    """The producer loads in ``block``'s term, producer tensor -> block, and the proven repair (None if no load).
+
+    The repair is proven in floating point too (:mod:`~polyfuse.transforms.numerics`), from what the
+    program guarantees about each producer's running value (:func:`producer_facts`).
+    """
     consumer = program.block(block)
     term = consumer.reduce_term()
     tensors = {program.block(p).store.tensor.name: p for p in producers}
@@ -45,12 +55,168 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
                                    "along the reduction; a repair needs one producer value per consumer element")
     if not r_loads:
         return r_loads, tensors, None
-    signs = {ld: result_sign(program.block(tensors[ld.tensor.name])) for ld in r_loads}
-    repair = solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
-                          nonnegative=[ld for ld, s in signs.items() if s == "nonnegative"],
-                          positive=[ld for ld, s in signs.items() if s == "positive"],
-                          reduce_vars=reduce_names, approximate=approximate, auxiliary=True)
-    return r_loads, tensors, repair
+    return r_loads, tensors, _solve(program, consumer, r_loads, tensors, approximate)
+
+
+def _solve(program: Program, consumer: Block, r_loads: list[Load], tensors: dict[str, str],
+           approximate: bool) -> Repair:
+    facts = tuple(producer_facts(program, consumer, ld, program.block(tensors[ld.tensor.name]), approximate)
+                  for ld in r_loads)
+    return solve_repair(consumer.reducer, consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
+                        nonnegative=[f.load for f in facts if f.mass],
+                        reduce_vars={iv.var.name for iv in consumer.reduce_iters}, approximate=approximate,
+                        auxiliary=True, facts=facts, signs=value_signs(program),
+                        finite=[t.name for t in program.inputs if t.finite],
+                        loops=_bindings(program, consumer), maps=map_definitions(program))
+
+
+def map_definitions(program: Program) -> tuple[MapDefinition, ...]:
+    """The temporaries one map block computes elementwise (its store indices its own iterations, each
+    once): an analysis may write a read of one out as its definition."""
+    writers: dict[str, list[Block]] = {}
+    for b in program.blocks():
+        writers.setdefault(b.store.tensor.name, []).append(b)
+    out = []
+    for blocks in writers.values():
+        (b, *more) = blocks
+        if more or b.reducer is not None or b.store.tensor.role != "temp" or b.where is not None:
+            continue
+        names = [i.name for i in b.store.indices if isinstance(i, Var)]
+        if len(names) != len(b.store.indices) or len(set(names)) != len(names):
+            continue
+        if {iv.var.name for iv in b.iters} != set(names):
+            continue
+        out.append(MapDefinition(b.store.tensor, tuple(names), b.store.value))
+    return tuple(out)
+
+
+def _bindings(program: Program, block: Block) -> tuple[tuple[str, Expr], ...]:
+    """Each iteration variable of ``block`` with its binding; a loop of extent 1 is its only value, 0."""
+    single = {lp.var.name: Const(0, lp.var.dtype) for lp in loops_of(program, block.name)
+              if isinstance(lp.extent, Const) and lp.extent.value == 1}
+    return tuple((iv.var.name, substitute(b, single)) for iv, b in zip(block.iters, block.bindings, strict=True))
+
+
+def producer_facts(program: Program, consumer: Block, load: Load, producer: Block,
+                   approximate: bool) -> ProducerFacts:
+    """What the program guarantees about the producer value ``load`` that ``consumer`` reads, at the
+    consumer's current element: the producer's reducer, its term for that element (in loop variables,
+    :func:`in_loops`), whether it is a mass (a sum or max of terms >= 0 from an init >= 0), and its own
+    repair when it is itself rescaled as it runs (found again by the solver, which is deterministic)."""
+    try:
+        kind: str | None = reducer_kind(producer.reducer)  # type: ignore[arg-type]
+    except PolyfuseError:
+        kind = None
+    found = element_term(program, producer)
+    if kind is None or found is None:
+        return ProducerFacts(load, kind, None, False)
+    block, term, repaired = found
+    at = _at_consumer(program, consumer, block, term)
+    sign = _term_sign(at, value_signs(program))
+    init = producer.init
+    init_ok = init is None or init == producer.reducer.identity or (  # type: ignore[union-attr]
+        isinstance(init, Const) and float(init.value) >= 0)
+    mass = kind in ("sum", "max") and sign and init_ok
+    own = None
+    if repaired:
+        names = {b.store.tensor.name: b.name for b in program.blocks() if b.reducer is not None and b is not producer}
+        inner = [ld for ld in loads(term) if ld.tensor.name in names]
+        if inner:
+            try:
+                own = _solve(program, block, inner, names, approximate) if block.reduce_term() is not None else None
+            except PolyfuseError:
+                own = None
+    return ProducerFacts(load, kind, at, bool(mass), own, _bindings(program, block))
+
+
+def _at_consumer(program: Program, consumer: Block, block: Block, term: Expr) -> Expr:
+    """``block``'s ``term`` in the consumer's loop variables, at an element of the current step.
+
+    The loops the two share stand for themselves.  Each loop of ``block``'s own below them is
+    renamed to one of the consumer's of the same extent: the producer's current value has reduced
+    its term at every point of the current step, so any choice of those values is a true fact; the
+    one chosen makes the most reads of the two terms coincide (the same element).  A loop left
+    without a partner keeps a name of its own, a value about which nothing is assumed.
+    """
+    mine, theirs = loops_of(program, consumer.name), loops_of(program, block.name)
+    shared = 0
+    while shared < min(len(mine), len(theirs)) and mine[shared] is theirs[shared]:
+        shared += 1
+    free, targets = theirs[shared:], mine[shared:]
+    maps = {m.tensor: m for m in map_definitions(program)}
+    reads = {ld for ld in loads(expand_maps(maps, in_loops(_bindings(program, consumer), consumer.reduce_term())))}
+    best, best_score = None, -1
+    for chosen in itertools.permutations(targets + [None] * len(free), len(free)):
+        if any(t is not None and t.extent != f.extent for f, t in zip(free, chosen, strict=True)):
+            continue
+        renaming = {f.var.name: Var(t.var.name if t is not None else f"{f.var.name}__own", f.var.dtype)
+                    for f, t in zip(free, chosen, strict=True)}
+        candidate = expand_maps(maps, in_loops(
+            tuple((n, substitute(b, renaming)) for n, b in _bindings(program, block)), term))
+        score = sum(ld in reads for ld in loads(candidate))
+        if score > best_score:
+            best, best_score = candidate, score
+    return best  # type: ignore[return-value]
+
+
+def element_term(program: Program, producer: Block) -> tuple[Block, Expr, bool] | None:
+    """The producer's term for one element, the block it is in, and whether the producer is repaired.
+
+    A plain reduction's own term; a repaired update ``X = h(X) ⊕ term`` gives its other operand; a combine
+    of partials (``X = h(X) ⊕ X_rf[…, k]`` after rolling over tiles, ``X = X ⊕ h(X_rf[…, k], …)`` after a
+    split) the term of the local block ``<producer>_rf`` that reduces them."""
+    term = producer.reduce_term()
+    repaired = term is None
+    if repaired:
+        term = _term_operand(producer)
+        if term is None:
+            return None
+    reduce_names = {iv.var.name for iv in producer.reduce_iters}
+    partials = {ld.tensor for ld in loads(term) if any(free_vars(i) & reduce_names for i in ld.indices)}
+    for other in program.blocks():
+        if other.store.tensor in partials and other.name.startswith(f"{producer.name}_rf"):
+            inner = other.reduce_term() if other.reducer is not None else other.store.value
+            return (other, inner, repaired) if inner is not None else None
+    return producer, term, repaired
+
+
+def _term_operand(block: Block) -> Expr | None:
+    """Of ``X = A ⊕ B``, the operand that does not read X (None if not exactly one)."""
+    value, acc = block.store.value, Load(block.store.tensor, block.store.indices)
+    if block.reducer is None or not isinstance(value, BinOp) or value.op != getattr(block.reducer.combine, "op", ""):
+        return None
+    reads = [acc in loads(x) for x in (value.a, value.b)]
+    if reads == [True, False]:
+        return value.b
+    if reads == [False, True]:
+        return value.a
+    return None
+
+
+def _term_sign(term: Expr, signs: dict[str, str]) -> bool:
+    """True when every value of ``term`` is >= 0 (from its structure and the signs of what it reads)."""
+    from polyfuse.transforms.intervals import bound
+    from polyfuse.symbolic import SymbolTable, to_sympy
+
+    table = SymbolTable()
+    for ld in loads(term):
+        if ld.tensor.name in signs:
+            table.bind(ld, ld.tensor.name, **{signs[ld.tensor.name]: True})
+    try:
+        return bound(to_sympy(term, table)[0]).lo >= 0
+    except PolyfuseError:
+        return False
+
+
+def value_signs(program: Program) -> dict[str, str]:
+    """Tensors whose every value is known >= 0 ("nonnegative") or > 0 ("positive"): inputs that declare
+    it, and reductions whose result sign is provable (:func:`~polyfuse.transforms.repair.result_sign`)."""
+    out: dict[str, str] = {t.name: t.sign for t in program.inputs if t.sign is not None}
+    for b in program.blocks():
+        sign = result_sign(b, out) if b.reducer is not None else None
+        if sign is not None:
+            out[b.store.tensor.name] = sign
+    return out
 
 
 def infinite_identity(block: Block) -> bool:
@@ -63,11 +229,15 @@ def guard_term(program: Program, local: str, guards: list[tuple[Load, Block]]) -
     """In ``local``'s term, a producer value still at its infinite identity makes the term the identity.
 
     ``guards`` pairs each producer value as ``local`` reads it with the producer block
-    whose reducer says what its identity is.  A max/min producer at ±inf has seen
-    only masked (±inf) elements; the unfused program's term for such an element is
-    the consumer's identity, whereas the fused one would compute ``exp(-inf - -inf)``.
-    A state repair's auxiliary is guarded alike even where its term does not read the
-    producer (a count Σ 1): every component of the state then holds the same elements.
+    whose reducer says what its identity is; the caller passes only those the repair's
+    numerics proved exact (:class:`~polyfuse.transforms.numerics.Numerics` ``guards``): a max/min
+    producer at ±inf has seen only ±inf elements, and the unfused program's term for such an
+    element is the consumer's identity (``exp(-inf - m) = 0``), whereas the fused one would compute
+    ``exp(-inf - -inf)``.  A state repair's auxiliary is guarded alike even where its term does not
+    read the producer (a count Σ 1): every component of the state then holds the same elements.
+    Where the producer is still at its identity after the last element, the plain program's value
+    is NaN (``exp(-inf - -inf)``): the repair makes it so (``final_identity`` of
+    :func:`repaired_update`).
     """
     b = program.block(local)
     names = {iv.var.name for iv in b.iters}
@@ -89,6 +259,30 @@ def guard_term(program: Program, local: str, guards: list[tuple[Load, Block]]) -
     return replace_block(program, new)
 
 
+def surrogate(value: Expr, keep: Expr | None = None) -> Expr:
+    """``value``, or the smallest normal number of its dtype while it is 0 (and ``keep`` is false).
+
+    A mass producer (a sum or max of terms >= 0) is 0 only while every term it has seen is 0; the
+    consumer's terms so far are then ``0·(data)`` whatever value stands for the producer, and the
+    repair is exact for any value (Eq. 3 holds for every r).  The smallest normal number keeps
+    ``0/0`` out, stays below every later nonzero normal value (so ``Q = r/r'`` still decays) and
+    survives flushing subnormals to zero.  ``keep`` (the last step of a rolling loop) uses the real
+    value, so a row that stays 0 gives what the plain program gives.
+    """
+    tiny = const(float(np.finfo(value.dtype.numpy).tiny), value.dtype)
+    zero = eq(value, const(0.0, value.dtype))
+    return select(zero if keep is None else logical_and(zero, logical_not(keep)), tiny, value)
+
+
+def with_surrogates(block: Block, values: Mapping[Load, Expr]) -> Block:
+    """``block`` with each producer value of ``values`` in its stored value replaced by its surrogate
+    expression."""
+    if not values:
+        return block
+    value = map_expr(block.store.value, lambda n: values.get(n) if isinstance(n, Load) else None)
+    return block.replace(store=Store(block.store.tensor, block.store.indices, value))
+
+
 def replace_block(program: Program, new: Block) -> Program:
     """``program`` with the block of ``new``'s name replaced by ``new``."""
     return program.replace(body=map_blocks(program.body, lambda x: new if x.name == new.name else x))
@@ -96,15 +290,19 @@ def replace_block(program: Program, new: Block) -> Program:
 
 def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Load, Expr],
                     new: dict[Load, Expr], state: Sequence[Expr] = (),
-                    producers: Mapping[Load, Block] | None = None) -> Block:
+                    producers: Mapping[Load, Block] | None = None, first: Expr | None = None,
+                    final_identity: Mapping[Load, Expr] | None = None, final: Expr | None = None) -> Block:
     """``block`` with its update repaired; ``acc_operand`` says which operand h applies to.
 
     ``"acc"`` (rolling update, Eq. 7): ``X = G(h(X, r_old, r_new)) ⊕ rest``;
     ``"term"`` (split-k update, Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``.
     ``G`` keeps its argument when it is the reducer's identity (h of the identity is
-    the identity, by distributivity, but IEEE's ``0·inf`` is NaN); it is left out where
-    h provably maps 0 to 0 (``Repair.decays``: ``t·exp(r - r')`` of a max producer).
-    ``repair.apply`` keeps the argument when no producer changed (``h(t, r, r) = t``).
+    the identity, by distributivity, but IEEE's ``0·inf`` is NaN).  It is left out where the
+    numerics proved ``h = t·Q`` with Q in [0, 1], finite even at a producer's infinite identity
+    (``t·exp(r - r')`` of a max producer): h then maps 0 to exactly 0.
+    ``repair.apply`` keeps the argument when no producer changed (``h(t, r, r) = t``) and at the
+    ``first`` step of a rolling loop (X is the identity; the previous producer values are not values);
+    ``final_identity`` and ``final`` as in :meth:`~polyfuse.transforms.repair.Repair.apply`.
 
     A state repair reads the auxiliary accumulators ``state`` (for X, its A's; for A_k,
     the higher ones) and has no ``G``: X = 0 with A ≠ 0 still changes.  Instead, it keeps
@@ -125,8 +323,9 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
     if repair.state and acc_operand == "term" and isinstance(rest, Select) and rest.false_value == identity:
         exists, target = rest.cond, rest.true_value
         state = [s.true_value if isinstance(s, Select) and s.cond == exists else s for s in state]
-    h = repair.apply(target, old=old, new=new, state=state)
-    if repair.decays({ld: p.reducer.name for ld, p in (producers or {}).items() if p.reducer is not None}):
+    h = repair.apply(target, old=old, new=new, state=state, keep=first, final_identity=final_identity, final=final)
+    numerics = repair.numerics
+    if numerics is not None and numerics.decays and numerics.identity_safe:
         repaired = h
     elif repair.keeps_identity:
         repaired = select(eq(target, identity), target, h)

@@ -42,7 +42,9 @@ branches; h comes from the branch that reads producers and is proven on all.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -54,15 +56,16 @@ from sympy.core.function import AppliedUndef
 from polyfuse.errors import NoRepairFound, PolyfuseError
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, select
+from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, logical_not, logical_or, select
 from polyfuse.ir.stmt import Block, Reducer
 from polyfuse.ir.visit import children, free_vars, walk_expr
 from polyfuse.symbolic import SymbolTable, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
+from polyfuse.transforms.numerics import MapDefinition, Numerics, ProducerFacts, check_numerics
 
 if TYPE_CHECKING:
     from polyfuse.transforms.auxiliary import Auxiliary
 
-__all__ = ["Repair", "result_sign", "solve_repair"]
+__all__ = ["Repair", "reducer_kind", "result_sign", "solve_repair"]
 
 _KIND_OF_OP = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 _OP_OF_KIND = {v: k for k, v in _KIND_OF_OP.items()}
@@ -77,7 +80,9 @@ class Repair:
 
     ``g`` and ``h`` are sympy expressions; ``symbols`` maps every symbol of ``g``
     (producers ``r``, abstracted ``c``'s, loop-invariant leaves) to its IR
-    expression; ``old[k]``/``new[k]`` are ``r_k``/``r_k'`` for ``producers[k]``.
+    expression; ``old[k]``/``new[k]`` are ``r_k``/``r_k'`` for ``producers[k]``; ``numerics``
+    what the floating-point side conditions established (None where the caller described no
+    producers, see :func:`solve_repair`).
     """
 
     reducer: str
@@ -93,6 +98,7 @@ class Repair:
     dtype: DType
     state: tuple[sympy.Symbol, ...] = ()
     auxiliaries: tuple[Auxiliary, ...] = ()
+    numerics: Numerics | None = None
 
     @property
     def mapping(self) -> dict[sympy.Symbol, Expr]:
@@ -109,42 +115,21 @@ class Repair:
         (h reads auxiliary accumulators) does not: X = 0 with A ≠ 0 still changes."""
         return not self.state
 
-    def decays(self, reducers: Mapping[Load, str]) -> bool:
-        """True when h is ``t·exp(E)`` with ``E = Σ c_k·(r_k - r_k')``, each ``c_k`` a number, positive
-        for a max producer and negative for a min one (``reducers`` names each producer's reducer).
-
-        A producer's new value is its reduction over the old value and more (``r' >= r`` for a
-        max), so once ``apply``'s guard has kept ``t`` where no producer changed, ``E`` lies in
-        ``[-inf, 0)`` even at infinite producers, and the factor in ``[0, 1)``: h maps the
-        identity 0 to exactly 0, with no ``0·inf`` to guard against (NaN producers make every
-        term NaN whatever h does).  A sum reducer only: its identity is 0.
-        """
-        if self.reducer != "sum" or self.state or self.t not in self.h.free_symbols:
-            return False
-        factor = sympy.powsimp(sympy.simplify(self.h / self.t))
-        if self.t in factor.free_symbols or not isinstance(factor, sympy.exp):
-            return False
-        exponent = sympy.expand(factor.args[0])
-        rest = exponent
-        for load, r, r_new in zip(self.producers, self.old, self.new, strict=True):
-            c = exponent.coeff(r)
-            if not c.is_number or c != -exponent.coeff(r_new):
-                return False
-            sign = {"max": 1, "min": -1}.get(reducers.get(load, ""), 0)
-            if c != 0 and (sign == 0 or sign * c <= 0):
-                return False
-            rest -= c * (r - r_new)
-        return sympy.expand(rest) == 0
-
     def apply(self, t: Expr, old: Mapping[Load, Expr], new: Mapping[Load, Expr], *, guard: bool = True,
-              state: Sequence[Expr] = ()) -> Expr:
+              state: Sequence[Expr] = (), keep: Expr | None = None,
+              final_identity: Mapping[Load, Expr] | None = None, final: Expr | None = None) -> Expr:
         """IR for ``h(t, r_old, r_new)``, in the reducer's dtype (f32 for non-float reducers).
 
         With ``guard`` the result is ``select(r_old == r_new, t, h)``.  That is exact —
         Eq. 3 makes h the identity when no producer changed — and it keeps IEEE
         arithmetic out of ``exp(-inf - -inf) = NaN`` while a mask still hides every
         element seen so far (sliding-window or causal tiles), where the unfused
-        program is finite.
+        program is finite.  ``keep`` is one more condition under which t is kept (the
+        first step of a rolling loop, where t is the identity and r_old is not a value).
+        ``final_identity`` maps producers to their infinite identity: where a new value is final
+        (always, or where ``final`` holds: the last step of a rolling loop) and still the
+        identity, the producer has seen only ±inf elements, h is applied anyway, and t takes
+        the plain program's value for such a row (``0·exp(-inf - -inf)``, NaN).
         """
         mapping: dict[sympy.Symbol, Expr] = {self.t: t}
         used = self.h.free_symbols
@@ -168,7 +153,13 @@ class Repair:
         h = from_sympy(self.h, mapping, self.dtype, outer=self.t)
         if not guard or not unchanged:
             return h
-        return select(functools.reduce(logical_and, unchanged), cast(self.dtype, t), h)
+        cond = functools.reduce(logical_and, unchanged)
+        cond = cond if keep is None else logical_or(keep, cond)
+        at_identity = [eq(new[ld], identity) for ld, identity in (final_identity or {}).items() if ld in new]
+        if at_identity:
+            lifted = functools.reduce(logical_or, at_identity)
+            cond = logical_and(cond, logical_not(lifted if final is None else logical_and(final, lifted)))
+        return select(cond, cast(self.dtype, t), h)
 
     def describe(self) -> dict[str, str]:
         """Readable f, g, h and where they come from (for ``polyfuse explain``)."""
@@ -191,7 +182,9 @@ class Repair:
 def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
                  nonnegative: Collection[Expr] = (), positive: Collection[Expr] = (),
                  reduce_vars: Collection[Var | str] | None = None, approximate: bool = False,
-                 auxiliary: bool = False) -> Repair:
+                 auxiliary: bool = False, facts: Sequence[ProducerFacts] | None = None,
+                 signs: Mapping[str, str] | None = None, finite: Collection[str] = (),
+                 loops: Sequence[tuple[str, Expr]] = (), maps: Sequence[MapDefinition] = ()) -> Repair:
     """Find and prove the repair of ``X = X ⊕ term`` for the given producer loads.
 
     ``nonnegative`` / ``positive`` name loads (or variables) known to be >= 0 / > 0
@@ -202,26 +195,45 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
     autotuning asks again and again.  With ``auxiliary``, a sum whose g is a polynomial
     in the producers and has no single repair gets a state repair (auxiliary reductions,
     see :mod:`~polyfuse.transforms.auxiliary`) — the caller must then add those reductions.
+
+    ``facts`` describe the producers' running values (:class:`~polyfuse.transforms.numerics.ProducerFacts`,
+    with ``signs`` of other tensors, the ``finite`` ones, the consumer's ``loops`` bindings and the
+    elementwise ``maps`` the terms read): each candidate must then
+    also pass the floating-point side conditions of :mod:`~polyfuse.transforms.numerics`, and the
+    first that does is the repair.  Without ``facts`` the repair is proven in real arithmetic only,
+    which the fusions never accept.  The search stops after ``SOLVER_SECONDS``.
     """
     rv = None if reduce_vars is None else frozenset(v.name if isinstance(v, Var) else v for v in reduce_vars)
     result = _solve_cached(reducer, term, tuple(dict.fromkeys(producers)), frozenset(nonnegative),
-                           frozenset(positive), rv, approximate, auxiliary)
+                           frozenset(positive), rv, approximate, auxiliary,
+                           None if facts is None else tuple(facts), tuple(sorted((signs or {}).items())),
+                           frozenset(finite), tuple(loops), tuple(maps))
     if isinstance(result, str):
         raise NoRepairFound(result)
     return result
 
 
+SOLVER_SECONDS = 20.0
+"""How long one repair search may take; sympy's simplification has no bound of its own."""
+
+
 @functools.lru_cache(maxsize=1024)
 def _solve_cached(reducer: Reducer, term: Expr, producers: tuple[Load, ...], nonnegative: frozenset[Expr],
                   positive: frozenset[Expr], reduce_vars: frozenset[str] | None,
-                  approximate: bool, auxiliary: bool) -> Repair | str:
+                  approximate: bool, auxiliary: bool, facts: tuple[ProducerFacts, ...] | None,
+                  signs: tuple[tuple[str, str], ...], finite: frozenset[str], loops: tuple[tuple[str, Expr], ...],
+                  maps: tuple[MapDefinition, ...]) -> Repair | str:
     try:
-        return _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate).solve(auxiliary)
+        solver = _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate)
+        solver.numerics = None if facts is None else (facts, dict(signs), finite, loops, maps)
+        return solver.solve(auxiliary)
     except NoRepairFound as err:
         return str(err)
+    except (TypeError, ValueError, NotImplementedError, RecursionError, ZeroDivisionError, AttributeError) as err:
+        return f"the repair solver failed on g = {term}: sympy raised {type(err).__name__}: {err}"
 
 
-def result_sign(block: Block) -> str | None:
+def result_sign(block: Block, signs: Mapping[str, str] | None = None) -> str | None:
     """``"positive"``, ``"nonnegative"`` or None: what is provable about a reduction's result.
 
     A sum of squares, a max of ``|x|`` or a sum of ``exp`` is a fact the consumer's
@@ -232,9 +244,13 @@ def result_sign(block: Block) -> str | None:
     term = block.reduce_term()
     if term is None or block.reducer is None or block.init is None:
         return None
+    table = SymbolTable()
+    for ld in walk_expr(term):
+        if isinstance(ld, Load) and (signs or {}).get(ld.tensor.name):
+            table.bind(ld, ld.tensor.name, real=True, **{signs[ld.tensor.name]: True})  # type: ignore[index]
     try:
-        kind = _reducer_kind(block.reducer)
-        g, _ = to_sympy(term)
+        kind = reducer_kind(block.reducer)
+        g, _ = to_sympy(term, table)
         init, _ = to_sympy(block.init)
     except PolyfuseError:
         return None
@@ -246,7 +262,7 @@ def result_sign(block: Block) -> str | None:
     return None
 
 
-def _reducer_kind(reducer: Reducer) -> str:
+def reducer_kind(reducer: Reducer) -> str:
     """sum/prod/max/min from the combiner itself, so a custom reducer that is one of them qualifies."""
     def strip(e: Expr) -> Expr:
         return strip(e.value) if isinstance(e, Cast) else e
@@ -279,7 +295,9 @@ def _producer_names(producers: tuple[Load, ...]) -> list[str]:
 class _Solver:
     def __init__(self, reducer: Reducer, term: Expr, producers: tuple[Load, ...], nonnegative: frozenset[Expr],
                  positive: frozenset[Expr], reduce_vars: frozenset[str] | None, approximate: bool):
-        self.kind = _reducer_kind(reducer)
+        self.started = time.monotonic()
+        self.numerics: tuple | None = None
+        self.kind = reducer_kind(reducer)
         self.dtype = reducer.dtype if reducer.dtype.is_float else dt.f32
         self.term, self.producers, self.reduce_vars = term, producers, reduce_vars
         self.assumed = [f"{e} >= 0" for e in nonnegative] + [f"{e} > 0" for e in positive]
@@ -314,6 +332,24 @@ class _Solver:
     def _renew(self, e: sympy.Expr) -> sympy.Expr:
         """``e`` with every r replaced by r'."""
         return e.xreplace(dict(zip(self.old, self.new, strict=True)))
+
+    def _checked(self, repair: Repair, reasons: list[str], failing: str) -> Repair | None:
+        """``repair`` with its floating-point side conditions proven, or None (the reason appended)."""
+        if self.numerics is None:
+            return repair
+        facts, signs, finite, loops, maps = self.numerics
+        try:
+            numerics = check_numerics(repair, self.term, facts, signs=signs, finite=finite, loops=loops, maps=maps)
+        except NoRepairFound as err:
+            reasons.append(f"{failing} {err}")
+            return None
+        return dataclasses.replace(repair, numerics=numerics,
+                                   cases=f"{repair.cases}; floating point: {numerics.proof or 'nothing singular'}")
+
+    def _in_time(self, reasons: list[str]) -> None:
+        if time.monotonic() - self.started > SOLVER_SECONDS:
+            raise NoRepairFound(f"the repair search for g = {self.g} took longer than {SOLVER_SECONDS:g} s and "
+                                "was stopped; tried: " + ("; ".join(reasons) or "nothing yet"))
 
     # -- step 1: change of variables ----------------------------------------
     def _reads_producer(self, e: Expr) -> bool:
@@ -379,15 +415,17 @@ class _Solver:
         tried: list[sympy.Expr] = []
 
         def consider(h: sympy.Expr, route: str) -> Repair | None:
+            self._in_time(reasons)
             h = sympy.powsimp(h)
             if any(_is_zero(h - p) for p in tried):
                 return None
             tried.append(h)
             failed = self._prove(h)
-            if failed is None:
-                return self._repair(h, f"{route}; {self._proof_note()}")
-            reasons.append(f"{route} gives h = {h}, but {failed}")
-            return None
+            if failed is not None:
+                reasons.append(f"{route} gives h = {h}, but {failed}")
+                return None
+            return self._checked(self._repair(h, f"{route}; {self._proof_note()}"), reasons,
+                                 f"{route} gives h = {h}, exact in real arithmetic, but")
 
         for h, route in self._inverse(reasons):
             found = consider(h, route)
@@ -401,7 +439,9 @@ class _Solver:
 
         state = polynomial_state(self, reasons) if auxiliary else None
         if state is not None:
-            return state
+            checked = self._checked(state, reasons, f"the state repair h = {state.h}, exact in real arithmetic,")
+            if checked is not None:
+                return checked
         names = ", ".join(str(p) for p in self.producers)
         hint = ""
         if self.reduce_vars is None and any(not any(isinstance(n, Load) for n in walk_expr(self.table.leaf(c)))

@@ -62,16 +62,18 @@ from polyfuse.ir.affine import linear_form, variables
 from polyfuse.ir.expr import Const, Expr, Load, Var, conjuncts, const, eq, logical_and, maximum, minimum, select
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
-from polyfuse.ir.visit import free_vars, seq
+from polyfuse.ir.visit import free_vars, loads, seq
 from polyfuse.transforms.auxiliary import add_auxiliary_blocks, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
 from polyfuse.transforms.dataflow import (
     body_children, child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
     spatial_loops_between, under,
 )
-from polyfuse.transforms.fusion_common import Fusion, guard_term, repaired_update, replace_block, solve_for
+from polyfuse.transforms.fusion_common import (
+    Fusion, guard_term, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
+)
 from polyfuse.transforms.repair import Repair
-from polyfuse.transforms.tree import find_loop, loops_of, replace_node
+from polyfuse.transforms.tree import blocks_under, find_loop, loops_of, replace_node
 
 
 def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
@@ -121,8 +123,16 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         states += [(name, aux.repair) for name, aux in zip(aux_blocks, repair.auxiliaries, strict=True)]
         created += aux_blocks
 
-    # Step 5. One repair per tile: privatize the consumer (and its auxiliaries) over the rolling loop.
+    # Step 4c. A non-identity init is the plain program's first operand, which no repair may rescale: the
+    # consumer starts from the identity and takes the init at the last step (step 8).
     needs_repair = repair is not None and not repair.is_identity
+    init = program.block(block).init
+    identity = program.block(block).reducer.identity  # type: ignore[union-attr]
+    late_init = needs_repair and init is not None and init != identity
+    if late_init:
+        program = replace_block(program, program.block(block).replace(init=identity))
+
+    # Step 5. One repair per tile: privatize the consumer (and its auxiliaries) over the rolling loop.
     estimated: list[Load] = []
     locals_ = {name: name for name, _ in states}
     if needs_repair and _reduces_inside(program.block(block), loop):
@@ -143,28 +153,44 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             if saver:
                 created.append(saver)
             prev[ld] = Load(prev_tensor, ld.indices)
-        guards = [(ld, program.block(tensors[ld.tensor.name])) for ld in r_loads]
+        producers_of = {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads}
+        numerics = repair.numerics  # type: ignore[union-attr]
+        guards = [(ld, p) for ld, p in producers_of.items() if numerics is None or ld in numerics.guards]
+        surrogates = numerics.surrogates if numerics is not None else frozenset()
+        final = {ld: not _combined_later(program, tensors[ld.tensor.name], loop) for ld in r_loads}
         accumulators = [program.block(name).store.tensor for name, _ in states[1:]]
         estimated = [ld for ld in r_loads if accumulators and plain_sum(program, tensors[ld.tensor.name])]
         seen = {ld: _elements_seen(program, tensors[ld.tensor.name], loop) for ld in estimated}
         for name, h in states:
             program = guard_term(program, locals_[name], guards)
-            old: dict[Load, Expr] = dict(prev)
-            new: dict[Load, Expr] = {ld: ld for ld in r_loads}
+            local = program.block(locals_[name])
+            program = replace_block(program, with_surrogates(local, {
+                ld: surrogate(ld, _last(program, local, loop) if final[ld] else None) for ld in surrogates}))
+            old: dict[Load, Expr] = {ld: surrogate(v) if ld in surrogates else v for ld, v in prev.items()}
+            new: dict[Load, Expr] = {ld: surrogate(ld, _last(program, program.block(name), loop) if final[ld] else None)
+                                     if ld in surrogates else ld for ld in r_loads}
             if estimated:
                 # A state repair is exact for any reference point that ends at r itself (everything seen:
                 # the fraction is exactly 1); a running estimate from the true count keeps it accurate.
-                k_local = _rolled_index(program.block(locals_[name]), loop)
+                k_local = _rolled_index(program, program.block(locals_[name]), loop)
                 program = replace_block(program, with_references(
                     program.block(locals_[name]), {ld: estimate(ld, seen[ld].fraction(k_local + 1))
                                                    for ld in estimated}))
-                k = _rolled_index(program.block(name), loop)
+                k = _rolled_index(program, program.block(name), loop)
                 old |= {ld: estimate(prev[ld], seen[ld].fraction(maximum(k, 1))) for ld in estimated}
                 new |= {ld: estimate(ld, seen[ld].fraction(k + 1)) for ld in estimated}
             if h is None or h.is_identity:
                 continue
             state = _state_before(program.block(name), accumulators)
-            program = _apply_repair(program, name, h, old, new, dict(guards), state)
+            final_identity = {ld: p.reducer.identity for ld, p in guards if final[ld]}  # type: ignore[union-attr]
+            program = _apply_repair(program, name, loop, h, old, new, producers_of, state, final_identity)
+
+    # Step 8. The init, combined once everything is summed (the order of a sum changes only its rounding).
+    if late_init:
+        b = program.block(block)
+        last = _last(program, b, loop)
+        value = select(last, b.reducer.apply(b.store.value, init), b.store.value)  # type: ignore[union-attr, arg-type]
+        program = replace_block(program, b.replace(store=Store(b.store.tensor, b.store.indices, value)))
     notes = tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
                   f"plain sum {ld}; the state repair is exact for any reference that ends at {ld} itself, and "
                   "this one stays near the data (the partial sum does not), so the terms do not cancel"
@@ -364,16 +390,39 @@ def _state_before(combine: Block, accumulators: list[Tensor]) -> list[Expr]:
     return [select(first, zero, Load(t, indices)) for t in accumulators]
 
 
-def _rolled_index(block: Block, loop: str) -> Expr:
-    """The iteration variable of ``block`` bound to the rolling loop."""
+def _last(program: Program, block: Block, loop: str) -> Expr:
+    """The condition "this is the last iteration of ``loop``" in ``block``'s variables."""
+    extent = find_loop(program, block.name, loop).extent
+    return eq(_rolled_index(program, block, loop), extent - 1)
+
+
+def _combined_later(program: Program, producer: str, loop: str) -> bool:
+    """True when the producer's value after ``loop`` is a partial result that a reduction outside the
+    loop combines with others (a split's partial): its value after the last step is not final."""
+    x = program.block(producer).store.tensor
+    inside = {b.name for b in blocks_under(find_loop(program, producer, loop))}
+    for b in program.blocks():
+        if b.name in inside or b.reducer is None:
+            continue
+        reduce_names = {iv.var.name for iv in b.reduce_iters}
+        if any(ld.tensor == x and any(free_vars(i) & reduce_names for i in ld.indices) for ld in loads(b.store.value)):
+            return True
+    return False
+
+
+def _rolled_index(program: Program, block: Block, loop: str) -> Expr:
+    """The iteration variable of ``block`` bound to the rolling loop (0 where the loop runs once)."""
     for iv, bnd in zip(block.iters, block.bindings, strict=True):
         if bnd == Var(loop):
             return iv.var
+    if find_loop(program, block.name, loop).extent == const(1):
+        return const(0)
     raise IllegalTransform(f"rolling_update: block {block.name!r} has no iteration bound to loop {loop!r}")
 
 
-def _apply_repair(program: Program, block: str, repair: Repair, old: dict[Load, Expr], new: dict[Load, Expr],
-                  producers: dict[Load, Block], state: list[Expr]) -> Program:
+def _apply_repair(program: Program, block: str, loop: str, repair: Repair, old: dict[Load, Expr],
+                  new: dict[Load, Expr], producers: dict[Load, Block], state: list[Expr],
+                  final_identity: dict[Load, Expr]) -> Program:
     """``X = G(h(X, r_prev, r)) ⊕ rest`` in the (combine) block ``block``."""
     b = program.block(block)
     names = {iv.var.name for iv in b.iters}
@@ -382,7 +431,9 @@ def _apply_repair(program: Program, block: str, repair: Repair, old: dict[Load, 
         if stray:
             raise IllegalTransform(f"rolling_update of block {block!r}: the combine has no iteration variable "
                                    f"{', '.join(sorted(stray))} to index producer result {ld}")
-    return replace_block(program, repaired_update(b, repair, "acc", old, new, state, producers))
+    first = eq(_rolled_index(program, b, loop), 0)
+    return replace_block(program, repaired_update(b, repair, "acc", old, new, state, producers, first,
+                                                  final_identity, _last(program, b, loop)))
 
 
 __all__ = ["Fusion", "rolling_update"]

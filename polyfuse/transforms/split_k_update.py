@@ -72,7 +72,7 @@ from polyfuse.transforms.dataflow import (
     body_children, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by, under,
 )
 from polyfuse.transforms.fusion_common import (
-    Fusion, infinite_identity, guard_term, repaired_update, replace_block, solve_for,
+    Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
 from polyfuse.transforms.rfactor import read_partials, rfactor
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
@@ -169,9 +169,13 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     # plain-sum producers get reference points near the data: Σ_split x/L is not the split's mean, but
     # divided by the fraction of the elements its split holds, it is.
     partial_reads = {name: _partial_reads(program, name, r_loads, tensors, loop, what) for name in locals_}
+    numerics = repair.numerics if repair is not None else None
+    surrogates = numerics.surrogates if numerics is not None else frozenset()
     for name in locals_:
         program = guard_term(program, name, [(partial_reads[name][ld], program.block(tensors[ld.tensor.name]))
-                                             for ld in r_loads])
+                                             for ld in r_loads if numerics is None or ld in numerics.guards])
+        program = replace_block(program, with_surrogates(program.block(name), {
+            partial_reads[name][ld]: surrogate(partial_reads[name][ld]) for ld in surrogates}))
 
     references: dict[Load, Callable[[Load], Expr]] = {}
     notes: list[str] = []
@@ -194,11 +198,14 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
             idx = list(ld.indices)
             idx.insert(_split_axis(program.block(tensors[ld.tensor.name]), pl), g_split)
             at_split = Load(pl.tensor, tuple(idx))
-            old[ld] = references[ld](at_split) if ld in references else at_split
+            old[ld] = references[ld](at_split) if ld in references else \
+                surrogate(at_split) if ld in surrogates else at_split
         state = _partial_state(glob, [program.block(name).store.tensor for name in locals_])
         producers_of = {ld: program.block(tensors[ld.tensor.name]) for ld in old}
+        final_identity = {ld: p.reducer.identity for ld, p in producers_of.items()  # type: ignore[union-attr]
+                          if numerics is not None and ld in numerics.guards}
         program = replace_block(program, repaired_update(glob, repair, "term", old, {ld: ld for ld in r_loads},
-                                                         state, producers_of))
+                                                         state, producers_of, final_identity=final_identity))
     fusion = Fusion("split_k_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(dict.fromkeys(created)), tuple(notes))
     return validate(program), fusion

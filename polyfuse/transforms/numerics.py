@@ -1,0 +1,577 @@
+"""Floating-point side conditions of a repair: the fused program evaluates nothing the plain one does not.
+
+Eq. 3 and Eq. 4 (:mod:`~polyfuse.transforms.repair`) make the fused program equal to the plain one
+in real arithmetic.  In floating point it can still go wrong in ways the algebra does not see, each
+found by fuzzing: a repair ``t·r/r'`` divides by a running max that is still 0 (rows that start
+with zeros), a term ``exp(x - min)`` overflows where ``exp(x - min_final)`` does not, a first
+contribution underflows to 0 and is scaled up again, a term at a masked producer is ``-inf - -inf``.
+This module proves, for one candidate repair, the side conditions that rule these out, from what
+the program guarantees about its running producer values (:class:`ProducerFacts`):
+
+1. **No singular operation.**  Every division, ``log``, ``sqrt`` and power in the term ``g`` (at
+   the producers' current values) and in the repair ``h`` (at previous and current values) has an
+   argument proven nonzero / positive / non-negative over the running values.  The one exception
+   is a *mass* — a sum or max of non-negative terms — that is still exactly 0: then every term it
+   has seen is 0 (or underflowed to 0), and the consumer's terms so far are ``0·(data)``.  Such a
+   producer value is replaced, in the consumer, by a *surrogate*: the smallest normal number of its
+   dtype while it is 0.  The repair is exact for any reference value (Eq. 3 holds for every r), so a
+   surrogate changes nothing in real arithmetic; it only keeps ``0/0`` out.  After the last step
+   the real value is used, so a row that stays 0 gives what the plain program gives (its ``0/0``).
+2. **Range.**  A repair ``h = t·Q`` (a sum, or a max/min with ``h = a·t``) must *decay*:
+   ``0 <= Q <= 1`` over the running values, so the accumulator is only ever scaled down — nothing
+   that underflowed is scaled back up, nothing overflows by rescaling.  Then the fused term
+   ``g(r_k, c)`` is larger than the plain one ``g(r_final, c)`` by ``1/Q``, so it must be *bounded
+   by the producer*: its producer-dependent factor has a finite range when each producer is
+   written relative to its own term at the current element (``m = p + δ`` for a max, ``s = p/w``
+   with ``w`` in (0, 1] for a mass) — FlashAttention's ``exp(x - m) <= 1`` proven, not assumed.
+   What multiplies that factor is data the plain program multiplies too.  State repairs
+   (polynomials, :mod:`~polyfuse.transforms.auxiliary`) have no division and work at reference
+   points near the data; they need only condition 1.
+3. **Infinite identities.**  A max (min) producer is -inf (+inf) while it has seen only -inf
+   (+inf) elements (masks).  The fused term there is ``g(-inf)`` = ``exp(-inf - -inf)``, NaN,
+   where the plain program has ``g(r_final)``.  The term is replaced by the consumer's identity
+   only where that is what the plain program's term is for such an element (``g`` with the
+   producer's own term at -inf is the identity, e.g. ``exp(p - m) -> 0``); otherwise the fusion is
+   refused.
+
+A candidate failing any condition is refused with the condition, and the solver tries the next
+(a decaying ratio, then a state repair).  Everything is decided on sympy expressions with interval
+arithmetic (:mod:`~polyfuse.transforms.intervals`): sound, never a range too small.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import sympy
+
+from polyfuse.errors import NonAffineIndex, NoRepairFound, PolyfuseError
+from polyfuse.ir.affine import linear_form
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Load, Var
+from polyfuse.ir.stmt import Tensor
+from polyfuse.ir.visit import map_expr, substitute, walk_expr
+from polyfuse.symbolic import SymbolTable, to_sympy
+from polyfuse.transforms.intervals import Interval, bound
+
+__all__ = ["MapDefinition", "Numerics", "ProducerFacts", "check_numerics", "expand_maps", "in_loops"]
+
+_OPEN_UNIT = Interval(0.0, 1.0, False, True)
+
+
+@dataclass(frozen=True)
+class ProducerFacts:
+    """What the program guarantees about one producer value the consumer reads.
+
+    ``kind`` is the producer's reducer (max/min/sum/prod, None for another); ``term`` its term for
+    the consumer's current element, in the consumer's variables (None where the two cannot be
+    matched); ``mass`` says its terms and init are >= 0 and it is a sum or a max; ``repair`` is
+    its own repair when it is itself rescaled as it runs (a rolled chain), else None, and
+    ``repair_loops`` the bindings of the variables that repair is written in.
+    """
+
+    load: Load
+    kind: str | None
+    term: Expr | None
+    mass: bool
+    repair: object | None = None
+    repair_loops: tuple[tuple[str, Expr], ...] = ()
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """The outcome for an accepted repair: which producer values take a surrogate while 0, whether
+    ``h = t·Q`` provably decays, which masked-producer guards are exact, the proof (for
+    ``explain``), and whether Q stays finite when a max/min producer's previous value is its
+    infinite identity (then a decaying h needs no identity guard)."""
+
+    surrogates: frozenset[Load]
+    decays: bool
+    guards: frozenset[Load]
+    proof: str
+    identity_safe: bool = True
+
+
+class _Space:
+    """The symbols of one analysis, in loop variables: each producer's current value R (the consumer's
+    load), its previous value r (a placeholder load ``<name>__old<k>``), and the accumulator t."""
+
+    def __init__(self, facts: Sequence[ProducerFacts], signs: Mapping[str, str], finite: frozenset[str],
+                 loops: Sequence[tuple[str, Expr]], maps: Sequence[MapDefinition]):
+        self.facts = list(facts)
+        self.finite = finite
+        self.finite_symbols: set[sympy.Symbol] = set()
+        self.loops = tuple(loops)
+        self.maps = {m.tensor: m for m in maps}
+        self.table = SymbolTable(reserved=("t",))
+        self.signs = signs
+        self.t = self.table.bind(Var("t_acc"), "t", real=True)
+        self.new: dict[Load, sympy.Symbol] = {}
+        self.old: dict[Load, sympy.Symbol] = {}
+        self.old_loads: dict[Load, Load] = {}
+        # A split's local nest reads its producers' partials <name>_rf: there, they are the current values.
+        self.partials = {f"{f.load.tensor.name}_rf": f.load for f in self.facts}
+        for k, f in enumerate(self.facts):
+            flags = {"nonnegative": True} if f.mass else {"real": True}
+            name = f.load.tensor.name
+            self.new[f.load] = self.table.bind(self.at(f.load), f"{name}'", **flags)
+            old = self.placeholder(k, f.load)
+            self.old_loads[f.load] = old
+            self.old[f.load] = self.table.bind(self.at(old), name, **flags)
+
+    def bind(self, e: Expr, sym: sympy.Symbol) -> None:
+        """Let ``e`` stand for ``sym`` in every conversion."""
+        self.table.force(e, sym)
+
+    @staticmethod
+    def placeholder(k: int, load: Load) -> Load:
+        """The stand-in load for producer k's previous value, at ``load``'s indices."""
+        return Load(Tensor(f"{load.tensor.name}__old{k}", load.tensor.shape, load.tensor.dtype), load.indices)
+
+    def at(self, e: Expr, loops: Sequence[tuple[str, Expr]] | None = None) -> Expr:
+        """``e`` (in the consumer's variables, or those of ``loops``) in loop variables, with the
+        temporaries that map blocks compute elementwise written out (so that ``score`` and its
+        definition ``qk·scale`` are one value)."""
+        return expand_maps(self.maps, in_loops(self.loops if loops is None else loops, e))
+
+    def sym(self, e: Expr, *, loops: Sequence[tuple[str, Expr]] | None = None) -> sympy.Basic:
+        """sympy for ``e``, given in the consumer's variables (or those ``loops`` bind)."""
+        e = self.at(e, loops)
+        for ld in walk_expr(e):
+            if isinstance(ld, Load) and self.table.lookup(ld) is None:
+                sign = self.signs.get(ld.tensor.name)
+                if ld.tensor.name in self.partials:
+                    self.table.force(ld, self.new[self.partials[ld.tensor.name]])
+                    continue
+                sym = self.table.bind(ld, ld.tensor.name, real=True, **({sign: True} if sign else {}))
+                if ld.tensor.name in self.finite:
+                    self.finite_symbols.add(sym)
+        return to_sympy(e, self.table)[0]
+
+
+@dataclass(frozen=True)
+class MapDefinition:
+    """A temporary that a map block computes elementwise: ``tensor[iters] = value``."""
+
+    tensor: Tensor
+    iters: tuple[str, ...]
+    value: Expr
+
+    def at(self, indices: Sequence[Expr]) -> Expr:
+        return substitute(self.value, dict(zip(self.iters, indices, strict=True)))
+
+
+def check_numerics(repair, term: Expr, facts: Sequence[ProducerFacts], *, signs: Mapping[str, str] | None = None,
+                   finite: frozenset[str] = frozenset(), loops: Sequence[tuple[str, Expr]] = (),
+                   maps: Sequence[MapDefinition] = ()) -> Numerics:
+    """The side conditions of the module docstring for ``repair`` of a consumer with term ``term``
+    reading the producer values of ``facts``; raises :class:`NoRepairFound` with the condition
+    that fails.  ``signs`` gives tensors whose values are known "nonnegative" or "positive", ``finite``
+    those known to hold no ±inf or NaN;
+    ``loops`` the consumer's iteration variables' bindings (the facts' terms are in loop variables),
+    ``maps`` the temporaries computed elementwise that the terms read."""
+    space = _Space([f for f in facts if f.load in repair.producers], signs or {}, finite, loops, maps)
+    try:
+        return _Checker(space, repair, term).run()
+    except (TypeError, ValueError, NotImplementedError, RecursionError, ZeroDivisionError) as err:
+        raise NoRepairFound(f"the numerical side conditions of h = {repair.h} could not be decided: {err}") from None
+
+
+class _Checker:
+    def __init__(self, space: _Space, repair, term: Expr):
+        self.space, self.repair, self.term = space, repair, term
+        self.g = space.sym(term)
+        self.p: dict[Load, sympy.Basic | None] = {}
+        for f in space.facts:
+            try:
+                self.p[f.load] = space.sym(f.term, loops=()) if f.term is not None else None
+            except PolyfuseError:
+                self.p[f.load] = None
+        self.notes: list[str] = []
+        self.ranges: dict[sympy.Symbol, Interval] = {}
+        for f in space.facts:
+            floor = self._attained(f)
+            if floor is not None:
+                self.ranges[space.new[f.load]] = Interval(floor / 2, float("inf"))
+                self.notes.append(f"{f.load} >= {floor:g} (its term is {floor:g} at the element where its max "
+                                  "producers are attained, and it never loses that element): it is never 0")
+
+    # ------------------------------------------------------------------ the whole check
+    def run(self) -> Numerics:
+        surrogates: set[Load] = set()
+        decays, identity_safe = False, True
+        if not self.repair.is_identity:
+            h_ir = self._h_ir()
+            q = sympy.cancel(self.space.sym(h_ir) / self.space.t)
+            if not self.repair.state and self.space.t not in q.free_symbols:
+                self._decay(q)
+                self._bounded_term()
+                decays, identity_safe = True, self._finite_at_identity(q)
+            surrogates |= self._singular(h_ir, "h", self._step_regions())
+        surrogates |= self._singular(self.term, "g", self._term_regions())
+        guards = self._guards()
+        return Numerics(frozenset(surrogates), decays, frozenset(guards), "; ".join(self.notes), identity_safe)
+
+    def _finite_at_identity(self, q: sympy.Basic) -> bool:
+        """Q stays finite where a max/min producer's previous value is its infinite identity (after its
+        first element only where its terms can be that identity: masks, data holding ±inf)."""
+        at = {self.space.old[f.load]: (-sympy.oo if f.kind == "max" else sympy.oo)
+              for f in self.space.facts if self._reaches_identity(f)}
+        if not at:
+            return True
+        value = q.xreplace(at)
+        return bool(value.is_finite) or value == 0
+
+    def _h_ir(self) -> Expr:
+        old = {ld: self.space.old_loads[ld] for ld in self.repair.producers}
+        new = {ld: ld for ld in self.repair.producers}
+        state = [Var(f"{s.name}_state") for s in self.repair.state]
+        return self.repair.apply(Var("t_acc"), old=old, new=new, guard=False, state=state)
+
+    def _attained(self, f: ProducerFacts) -> float | None:
+        """A floor κ > 0 under a mass sum whose term is κ where its max (min) producers are attained.
+
+        ``s = Σ exp(x - m)`` with ``m = max x``: at the element that set m, the term is exactly
+        ``exp(0) = 1``, and every later rescale of that element is by ``exp(m - m) = 1`` until m
+        moves to a new element, which then contributes 1 in its place.  So the running sum is >= 1
+        (less a rounding or two) whenever m is finite — never 0, even where every other term
+        underflows.  While m is still at its infinite identity, the term is guarded to 0 and the
+        consumer's term is guarded too (condition 3), so the floor is only needed where it holds.
+        """
+        p = self.p[f.load]
+        if not f.mass or f.kind != "sum" or p is None:
+            return None
+        tight = {}
+        for other in self.space.facts:
+            R, q = self.space.new[other.load], self.p[other.load]
+            if other is f or R not in p.free_symbols:
+                continue
+            if other.kind not in ("max", "min") or q is None:
+                return None
+            tight[R] = q
+        if not tight:
+            return None
+        value = sympy.simplify(p.xreplace(tight))
+        if not value.is_number or not value.is_positive:
+            return None
+        floor = float(value)
+        return floor if floor >= 2.0 ** -100 else None
+
+    # ------------------------------------------------------------------ regions
+    def _term_regions(self) -> list[dict[sympy.Symbol, sympy.Basic]]:
+        """Substitutions writing each current value relative to its term at the current element
+        (``R = p + δ`` for a max, ``R = p/w`` for a mass), every combination; each describes all the
+        running values (the ratio form where ``p > 0``; ``p = 0`` is the zero state)."""
+        choices = []
+        for f in self.space.facts:
+            R, p = self.space.new[f.load], self.p[f.load]
+            options: list[dict] = [{}]
+            if p is not None and f.kind in ("max", "min"):
+                d = sympy.Symbol(f"delta_{R.name}", nonnegative=True)
+                options.append({R: p + d if f.kind == "max" else p - d})
+            if p is not None and f.mass:
+                w = sympy.Dummy(f"w_{R.name}", positive=True)
+                self.ranges[w] = _OPEN_UNIT
+                options.append({R: p / w})
+            choices.append(options)
+        return [dict(itertools.chain.from_iterable(c.items() for c in combo)) for combo in itertools.product(*choices)]
+
+    def _step_regions(self) -> list[dict[sympy.Symbol, sympy.Basic]]:
+        """Substitutions writing each previous value relative to the current one: ``r = R - ε`` for a
+        max (``R + ε`` for a min), ``r = v·R`` for a mass (v in [0, 1]); a producer rescaled by its own
+        repair ``q`` relates through ``q·r`` instead."""
+        out: dict[sympy.Symbol, sympy.Basic] = {}
+        for f in self.space.facts:
+            R, r = self.space.new[f.load], self.space.old[f.load]
+            own = self._own_factor(f)
+            if own is False:
+                continue
+            if f.kind == "max" and not f.mass:
+                rel = R - sympy.Symbol(f"eps_{R.name}", nonnegative=True)
+            elif f.kind == "min":
+                rel = R + sympy.Symbol(f"eps_{R.name}", nonnegative=True)
+            elif f.mass:
+                v = sympy.Symbol(f"v_{R.name}", nonnegative=True)
+                self.ranges[v] = Interval(0.0, 1.0)
+                rel = v * R
+            else:
+                continue
+            out[r] = rel if own is None else rel / own
+        return [out]
+
+    def _own_factor(self, f: ProducerFacts) -> sympy.Basic | None | bool:
+        """The producer's own repair factor q (its value is rescaled r -> q·r each step) in this space's
+        symbols; None when it is not rescaled; False when it is rescaled in a way not expressible here.
+
+        The producers of that repair are ours: the same value in loop variables, or (a split's local
+        nest) the partial ``<ours>_rf`` of one of ours, whose previous value is then ours."""
+        own = f.repair
+        if own is None or own.is_identity:
+            return None
+        if own.state:
+            return False
+        ours = {self.space.at(ld): k for k, ld in enumerate(self.space.new)}
+        names = {f"{ld.tensor.name}_rf": k for k, ld in enumerate(self.space.new)}
+        loads = list(self.space.new)
+        old, new = {}, {}
+        for ld in own.producers:
+            k = ours.get(self.space.at(ld, f.repair_loops), names.get(ld.tensor.name))
+            if k is None:
+                return False
+            old[ld], new[ld] = Var(f"old__{k}", ld.dtype), Var(f"new__{k}", ld.dtype)
+            self.space.bind(old[ld], self.space.old[loads[k]])
+            self.space.bind(new[ld], self.space.new[loads[k]])
+        t = Var("t_own", own.dtype)
+        self.space.bind(t, sympy.Symbol("t_own", real=True))
+        h = self.space.sym(own.apply(t, old=old, new=new, guard=False), loops=f.repair_loops)
+        q = sympy.cancel(h / self.space.table.lookup(t))
+        return False if self.space.table.lookup(t) in q.free_symbols else q
+
+    # ------------------------------------------------------------------ condition 1
+    def _singular(self, e: Expr, where: str, regions: list[dict]) -> set[Load]:
+        """The producer values that need a surrogate so that no operation of ``e`` is singular;
+        NoRepairFound if some operation is singular otherwise."""
+        needed: set[Load] = set()
+        producers = set(self.space.new) | set(self.space.old_loads.values())
+        for op, arg, why in _hazards(e):
+            if not any(isinstance(n, Load) and n in producers for n in walk_expr(arg)):
+                continue
+            s = self.space.sym(arg)
+            if any(_safe(op, bound(s.xreplace(reg), self.ranges)) for reg in regions):
+                continue
+            fix = self._zero_state(op, s, regions)
+            if fix is None:
+                raise NoRepairFound(
+                    f"{where} {why} {arg}, which can be {'0' if op != 'sqrt' else 'negative'} at the running values "
+                    f"of the producers although the plain program's value after the last element is not; "
+                    "no surrogate makes that exact (it is not a sum or max of non-negative terms at 0)")
+            needed |= fix
+            self.notes.append(f"{arg} in {where} is 0 only while {', '.join(str(x) for x in fix)} is 0 (every term "
+                              "seen so far 0): a surrogate value keeps 0/0 out")
+        return needed
+
+    def _zero_state(self, op: str, s: sympy.Basic, regions: list[dict]) -> set[Load] | None:
+        """The masses whose zero state alone makes ``s`` singular: with them positive it is safe."""
+        masses = [f.load for f in self.space.facts if f.mass]
+        for size in range(1, len(masses) + 1):
+            for subset in itertools.combinations(masses, size):
+                positive = {}
+                for ld in subset:
+                    for sym in (self.space.new[ld], self.space.old[ld]):
+                        positive[sym] = sympy.Dummy(sym.name, positive=True)
+                if any(_safe(op, bound(s.xreplace(reg).xreplace(positive), self.ranges)) for reg in regions):
+                    return set(subset)
+        return None
+
+    # ------------------------------------------------------------------ condition 2
+    def _decay(self, q: sympy.Basic) -> None:
+        """``0 <= Q <= 1`` over a step: by intervals, else Q = 1 where nothing changed and Q monotone
+        in each change."""
+        (region,) = self._step_regions()
+        missing = [str(self.space.old[f.load]) for f in self.space.facts
+                   if self.space.old[f.load] in q.free_symbols and self.space.old[f.load] not in region]
+        if missing:
+            raise NoRepairFound(
+                f"h = t·Q with Q = {q} rescales the accumulator by a factor not provably in [0, 1]: nothing is known "
+                f"about how {', '.join(missing)} relates to its next value (only a max, a min, or a sum of "
+                "non-negative terms moves one way)")
+        qs = q
+        for _ in range(len(region) + 1):  # a relation may name another producer's previous value
+            qs = qs.xreplace(region)
+        qs = sympy.powsimp(qs)
+        box = bound(qs, self.ranges)
+        if box.within(0.0, 1.0):
+            self.notes.append(f"Q = {q} lies in {box} over a step")
+            return
+        slacks = sorted(qs.free_symbols & set(self._slack_symbols(region)), key=str)
+        tight = {s: (sympy.Integer(1) if s.name.startswith("v_") else sympy.Integer(0)) for s in slacks}
+        at_tight = sympy.simplify(qs.xreplace(tight))
+        monotone = all(self._monotone(qs, s) for s in slacks)
+        if box.lo >= 0 and at_tight == 1 and monotone:
+            self.notes.append(f"Q = {q} is 1 when no producer changes and shrinks as they change: in [0, 1]")
+            return
+        raise NoRepairFound(
+            f"h = t·Q with Q = {q} is not provably in [0, 1] over a step (it would scale the accumulator up: what "
+            "underflowed is not recovered and what is large overflows where the plain program does not)")
+
+    def _slack_symbols(self, region: dict) -> list[sympy.Symbol]:
+        return [s for e in region.values() for s in e.free_symbols if s.name.startswith(("eps_", "v_"))]
+
+    def _monotone(self, e: sympy.Basic, slack: sympy.Symbol) -> bool:
+        """``e`` falls as ``slack`` moves from its tight value (ε grows from 0, v falls from 1)."""
+        d = bound(sympy.diff(e, slack), self.ranges)
+        return d.hi <= 0 if slack.name.startswith("eps_") else d.lo >= 0
+
+    def _bounded_term(self) -> None:
+        """The producer-dependent factor of g at the running values has a finite range."""
+        failures = []
+        for region in self._term_regions():
+            sub = sympy.expand_power_exp(sympy.powsimp(self.g.xreplace(region)))
+            dependent, data = _split_factors(sub, set(self.ranges) | _slacks_in(region), set(self.space.new.values()))
+            box = bound(dependent, self.ranges)
+            bad_data = [d for d in data if not _value_like(d, self.ranges)]
+            if box.bounded and not bad_data:
+                self.notes.append(f"the term's producer-dependent factor {dependent} lies in {box} at the running "
+                                  "values (each producer written relative to its own term at the element)")
+                return
+            extra = f", with unbounded data factor {bad_data[0]}" if bad_data else ""
+            failures.append(f"{dependent} in {box}{extra}")
+        raise NoRepairFound(
+            f"the fused term g = {self.g} is not bounded by its producers: at the running values its "
+            f"producer-dependent factor is unbounded ({failures[-1]}); the fused program would compute values the "
+            "plain one does not and may overflow (a producer bounds a term like exp(x - m) only when m is the "
+            "running max of the same x)")
+
+    # ------------------------------------------------------------------ condition 3
+    def _guards(self) -> set[Load]:
+        """Max/min producers whose infinite identity is reachable by data, and for which the term at
+        such an element is exactly the consumer's identity (guard_term exact); refuse otherwise."""
+        out: set[Load] = set()
+        identity = _number(self.repair.reducer)
+        for f in self.space.facts:
+            p = self.p[f.load]
+            if p is None or not self._reaches_identity(f):
+                continue
+            inf = -sympy.oo if f.kind == "max" else sympy.oo
+            R = self.space.new[f.load]
+            finite = sympy.Symbol(f"{R.name}_final", real=True)
+            at = _at_term_value(self.g.xreplace({R: finite}), p, inf)
+            if at is not None and at == identity:
+                out.add(f.load)
+                continue
+            raise NoRepairFound(
+                f"while {f.load} has seen only {inf} elements it is {inf}, and the fused term g = {self.g} there is "
+                f"{self.g.xreplace({R: inf})} where the plain program's term for such an element is "
+                f"{at if at is not None else 'not known'}, not the identity {identity}; no guard makes that exact "
+                f"(if the data cannot hold ±inf, declare the input finite=True)")
+        return out
+
+    def _reaches_identity(self, f: ProducerFacts) -> bool:
+        """A max (min) producer whose terms can be -inf (+inf): unbounded below (above) and not finite."""
+        if f.kind not in ("max", "min"):
+            return False
+        p = self.p[f.load]
+        if p is None:
+            return True
+        pb = bound(p, self.ranges)
+        bounded = pb.lo > -float("inf") if f.kind == "max" else pb.hi < float("inf")
+        return not bounded and not self._finite(p)
+
+    def _finite(self, p: sympy.Basic) -> bool:
+        """``p`` is finite in floating point: |affine| of inputs declared finite, coefficients summing to
+        at most 1 in magnitude (nothing can overflow)."""
+        inner = p.args[0] if isinstance(p, sympy.Abs) else p
+        syms = inner.free_symbols
+        if not syms or not syms <= self.space.finite_symbols | _integers(syms):
+            return False
+        if not inner.is_polynomial(*syms) or sympy.Poly(inner, *syms).total_degree() > 1:
+            return False
+        coeffs = [inner.coeff(x) for x in syms - _integers(syms)]
+        return all(c.is_number for c in coeffs) and sum(abs(float(c)) for c in coeffs) <= 1
+
+
+def in_loops(bindings: Sequence[tuple[str, Expr]], e: Expr) -> Expr:
+    """``e`` with a block's iteration variables replaced by their ``bindings`` (loop variables) and
+    every affine index in one canonical form, so that two blocks' expressions for one element (a
+    consumer's and its producer's) compare equal."""
+    out = substitute(e, dict(bindings))
+    return map_expr(out, lambda n: Load(n.tensor, tuple(_canonical(i) for i in n.indices))
+                    if isinstance(n, Load) else None)
+
+
+def expand_maps(maps: Mapping[Tensor, MapDefinition], e: Expr) -> Expr:
+    """``e`` (in loop variables) with every read of a temporary of ``maps`` replaced by its definition."""
+    for _ in range(len(maps)):
+        expanded = map_expr(e, lambda n: maps[n.tensor].at(n.indices) if isinstance(n, Load) and n.tensor in maps
+                            else None)
+        if expanded == e:
+            break
+        e = in_loops((), expanded)
+    return e
+
+
+def _canonical(index: Expr) -> Expr:
+    try:
+        form = linear_form(index)
+    except NonAffineIndex:
+        return index
+    out: Expr | None = None
+    for key in sorted(form, key=lambda k: (k == 1, str(k))):
+        c = form[key]
+        atom: Expr = Const(c, index.dtype) if key == 1 else (Var(key, index.dtype) if isinstance(key, str) else key)
+        if key != 1 and c != 1:
+            atom = BinOp("*", Const(c, index.dtype), atom)
+        out = atom if out is None else BinOp("+", out, atom)
+    return out if out is not None else Const(0, index.dtype)
+
+
+def _integers(syms: set[sympy.Symbol]) -> set[sympy.Symbol]:
+    return {x for x in syms if x.is_integer}
+
+
+def _number(reducer: str) -> sympy.Basic:
+    return {"sum": sympy.Integer(0), "prod": sympy.Integer(1), "max": -sympy.oo, "min": sympy.oo}[reducer]
+
+
+def _at_term_value(g: sympy.Basic, p: sympy.Basic, value: sympy.Basic) -> sympy.Basic | None:
+    """g where the producer's own term p takes ``value`` (±∞), or None if that cannot be told: p is
+    replaced where it occurs whole, else solved for one of its symbols; then the limit."""
+    pi = sympy.Dummy("p", real=True)
+    replaced = g.xreplace({p: pi})
+    if pi in replaced.free_symbols and not (replaced.free_symbols & p.free_symbols):
+        return sympy.limit(replaced, pi, value)
+    for x in sorted(p.free_symbols, key=str):
+        solutions = sympy.solve(sympy.Eq(p, pi), x)
+        if len(solutions) != 1:
+            continue
+        at = g.xreplace({x: solutions[0]})
+        if x not in at.free_symbols and pi in at.free_symbols:
+            return sympy.limit(at, pi, value)
+    return None
+
+
+def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str]]:
+    """The operations of ``e`` that can be singular: (kind, argument, description)."""
+    for n in walk_expr(e):
+        if isinstance(n, BinOp) and n.op == "/" and n.dtype.is_float:
+            yield "div", n.b, "divides by"
+        elif isinstance(n, BinOp) and n.op == "pow":
+            yield "pow", n.a, "raises to a power"
+        elif isinstance(n, Call) and n.fn in ("log", "log2"):
+            yield "log", n.args[0], "takes the log of"
+        elif isinstance(n, Call) and n.fn == "sqrt":
+            yield "sqrt", n.args[0], "takes the square root of"
+
+
+def _safe(op: str, box: Interval) -> bool:
+    if op in ("div", "pow"):
+        return not box.contains(0.0) and not (box.lo < 0 < box.hi)
+    if op == "log":
+        return box.lo > 0 or (box.lo == 0 and not box.lo_in)
+    return box.lo >= 0
+
+
+def _slacks_in(region: dict) -> set[sympy.Symbol]:
+    return {s for e in region.values() for s in e.free_symbols if s.name.startswith(("delta_", "w_"))
+            or isinstance(s, sympy.Dummy)}
+
+
+def _split_factors(e: sympy.Basic, slacks: set[sympy.Symbol],
+                   producers: set[sympy.Symbol]) -> tuple[sympy.Basic, list[sympy.Basic]]:
+    """``e`` as (the product of its factors reading a slack or a producer, the other factors)."""
+    marked = slacks | producers
+    factors = sympy.Mul.make_args(e)
+    dependent = [f for f in factors if f.free_symbols & marked]
+    return sympy.Mul(*dependent), [f for f in factors if not f.free_symbols & marked]
+
+
+def _value_like(e: sympy.Basic, ranges: Mapping[sympy.Symbol, Interval]) -> bool:
+    """A data factor the plain program's term multiplies too: anything but an exponential that is not
+    bounded above (``exp(y - x)``: a max of another tensor does not bound it)."""
+    for n in sympy.preorder_traversal(e):
+        if isinstance(n, sympy.exp) or (isinstance(n, sympy.Pow) and not n.exp.is_Number):
+            if not bound(n, ranges).hi < float("inf"):
+                return False
+    return True
+
