@@ -1,15 +1,15 @@
 """Every access stays inside its tensor, for every value of the sizes.
 
-Generated kernels index buffers without checks: a C++ or CUDA load past the end
-returns whatever lies there, a store corrupts a neighbour, and a masked load of
-a symbolic tile silently reads 0.  The interpreters check bounds, but only when
-they run and only for the sizes they are given.  ISL proves it once, for all
-sizes >= 1 (what the IR assumes, see :func:`~polyfuse.deps.domains.positive_sizes`):
-an access is in bounds when its relation over the block's iteration domain (its
-extents and ``where``; the schedule checks that the loops run exactly those
-instances, however they bind them) maps into ``0 <= e_d < shape_d`` in every
-dimension ``d``.  Indices with ``//`` and ``%`` of a constant (left by ``split``
-and ``fuse``) are exact in ISL.
+Generated kernels index buffers without checks (their masks are the blocks'
+domains, not the tensors' shapes): a C++ or CUDA load past the end returns
+whatever lies there and a store corrupts a neighbour.  The interpreters check
+bounds, but only when they run and only for the sizes they are given.  ISL
+proves it once, for all sizes >= 1 (what the IR assumes, see
+:func:`~polyfuse.deps.domains.positive_sizes`): an access is in bounds when its
+relation over the block's iteration domain (its extents and ``where``; the
+schedule checks that the loops run exactly those instances, however they bind
+them) maps into ``0 <= e_d < shape_d`` in every dimension ``d``.  Indices with
+``//`` and ``%`` of a constant (left by ``split`` and ``fuse``) are exact in ISL.
 
 A refusal names the block, the reference, the dimension with its index and a
 witness: the lexicographically smallest sizes, then the smallest instance, at
@@ -84,19 +84,24 @@ def _block_violation(block: Block, params: tuple[str, ...]) -> BoundsViolation |
     for access in block_accesses(block, iteration_domain(block, params), params):
         if access.role == ACCUMULATOR:  # the store's own element, checked with the store
             continue
-        for d in range(access.ref.tensor.ndim):
-            bad = access.relation.intersect_range(_outside(access.ref.tensor, d, params)).intersect_params(sizes)
+        tensor = access.ref.tensor
+        outside = access.relation.intersect_params(sizes).subtract_range(_box(tensor, params))
+        if outside.is_empty():
+            continue
+        for d in range(tensor.ndim):
+            bad = outside.intersect_range(_box(tensor, params, d).complement())
             if not bad.is_empty():
                 return _violation(access, d, bad)
     return None
 
 
 @memoized(1024)
-def _outside(tensor: Tensor, d: int, params: tuple[str, ...]) -> isl.Set:
-    """``{ X[e] : e_d < 0 or e_d >= shape_d }``."""
-    extent = aff_text(tensor.shape[d], param_env(params), what=f"tensor {tensor.name!r}, shape dimension {d}")
-    dims = [f"e{k}" for k in range(tensor.ndim)]
-    return build_set(params, tensor.name, dims, [f"(_a{d} < 0 or _a{d} >= {extent})"])
+def _box(tensor: Tensor, params: tuple[str, ...], dim: int | None = None) -> isl.Set:
+    """``{ X[e] : 0 <= e_d < shape_d }`` for every dimension ``d``, or only for ``dim``."""
+    penv = param_env(params)
+    cons = [f"0 <= _a{d} < {aff_text(extent, penv, what=f'tensor {tensor.name!r}, shape dimension {d}')}"
+            for d, extent in enumerate(tensor.shape) if dim is None or d == dim]
+    return build_set(params, tensor.name, [f"e{k}" for k in range(tensor.ndim)], cons)
 
 
 def _violation(access: Access, d: int, bad: isl.Map) -> BoundsViolation:
