@@ -20,6 +20,10 @@ class NonAffineIndex(IRError):
     """An index or loop binding is not (quasi-)affine in loop variables and sizes."""
 
 
+class OutOfBounds(IRError):
+    """Some instance of a block reads or writes a tensor outside its shape (for some values of the sizes)."""
+
+
 class UnboundSize(IRError):
     """A size parameter has no value where one is needed."""
 

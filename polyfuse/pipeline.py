@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from polyfuse.deps.bounds import require_in_bounds
 from polyfuse.emit_cpp import KernelSource, Target, emit
 from polyfuse.errors import BackendUnavailable, PolyfuseError
 from polyfuse.ir.stmt import Program
@@ -45,11 +46,16 @@ def _program(program_or_schedule: object) -> Program:
 
 
 def stages(program_or_schedule: object, target: Target | str = "cpp") -> Stages:
-    """Run the pipeline up to the source text."""
+    """Run the pipeline up to the source text.
+
+    The program compiled, after every schedule step, is proven in bounds first: kernels index
+    without checks, so an access a transform (or a hand-written program) moved outside its tensor
+    is refused here with a witness instead of reading or writing past a buffer.
+    """
     from polyfuse.tiling import to_tiles
     from polyfuse.tiling.skip import skip_masked_tiles
 
-    program = _program(program_or_schedule)
+    program = require_in_bounds(_program(program_or_schedule))
     tile = skip_masked_tiles(to_tiles(program))
     return Stages(program, tile, emit(tile, target))
 

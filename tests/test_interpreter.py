@@ -8,7 +8,11 @@ import pytest
 
 from ir_programs import prefix_sum, softmax_sum, softmax_sum_split
 from polyfuse.errors import IRError, PolyfuseError, UnboundSize
-from polyfuse.ir import ProgramBuilder, cast, const, interpret, make_reducer, maximum, reduce, spatial
+from polyfuse.ir import ProgramBuilder, cast, const, interpret, make_reducer, maximum, reduce
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.expr import Var
+from polyfuse.ir.stmt import INPUT, OUTPUT, Block, IterVar, Loop, Program, Store, Tensor
+from polyfuse.ir.validate import validate
 
 
 def test_figure_1a_by_hand():
@@ -114,14 +118,14 @@ def test_unbound_size_is_reported():
 
 
 def test_out_of_bounds_access_names_block_and_tensor():
-    p = ProgramBuilder("oob")
-    x = p.input("x", (4,), "f32")
-    y = p.output("y", (4,), "f32")
-    with p.loop("t", 4) as t:
-        with p.block("shift", i=spatial(4, t)) as (i,):
-            y[i] = x[i + 1]
+    """A program assembled by hand (no builder, so no bounds proof) is still refused when it runs."""
+    x = Tensor("x", (const(4),), dt.f32, INPUT)
+    y = Tensor("y", (const(4),), dt.f32, OUTPUT)
+    i, t = Var("i"), Var("t")
+    shift = Block("shift", (IterVar(i, const(4)),), (t,), Store(y, (i,), x[i + 1]))
+    program = validate(Program("oob", (), (x, y), Loop(t, const(4), shift)))
     with pytest.raises(PolyfuseError, match="block 'shift' reads tensor 'x' out of bounds"):
-        interpret(p.build(), {"x": np.zeros(4, np.float32)})
+        interpret(program, {"x": np.zeros(4, np.float32)})
 
 
 def test_reading_unwritten_temporaries_shows_as_nan():

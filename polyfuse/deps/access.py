@@ -49,7 +49,8 @@ class Access:
     ``relation`` maps block instances to the tensor elements they access,
     restricted to the instances where the access actually happens (an
     accumulator read is absent from the first reduce iteration, an init load
-    present only there).
+    present only there).  ``ref`` is the reference as written: its tensor
+    (with the shape) and index expressions.
     """
 
     tag: str
@@ -59,6 +60,7 @@ class Access:
     role: str
     text: str
     relation: isl.Map = field(compare=False)
+    ref: Load = field(compare=False, repr=False)
 
     @property
     def is_read(self) -> bool:
@@ -116,14 +118,15 @@ def _block_accesses(block: Block, domain: isl.Set, params: tuple[str, ...]) -> t
         where = later if is_acc else domain
         out.append(Access(f"{block.name}__r{k}", block.name, ld.tensor.name, READ,
                           ACCUMULATOR if is_acc else LOAD, _text(ld.tensor, ld.indices),
-                          _relation(block, ld.tensor, ld.indices, params, where)))
+                          _relation(block, ld.tensor, ld.indices, params, where), ld))
     if block.init is not None and first is not None:
         for k, ld in enumerate(loads(block.init)):
             out.append(Access(f"{block.name}__init{k}", block.name, ld.tensor.name, READ, INIT,
                               _text(ld.tensor, ld.indices),
-                              _relation(block, ld.tensor, ld.indices, params, first)))
+                              _relation(block, ld.tensor, ld.indices, params, first), ld))
     out.append(Access(f"{block.name}__w", block.name, st.tensor.name, WRITE, STORE,
-                      _text(st.tensor, st.indices), _relation(block, st.tensor, st.indices, params, domain)))
+                      _text(st.tensor, st.indices), _relation(block, st.tensor, st.indices, params, domain),
+                      acc_load))
     return tuple(out)
 
 

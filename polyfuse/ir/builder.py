@@ -324,12 +324,19 @@ class ProgramBuilder:
             _CURRENT.reset(token)
 
     def build(self) -> Program:
-        """The validated Program (raises IRError / NonAffineIndex naming what is wrong)."""
+        """The validated Program (raises IRError / NonAffineIndex naming what is wrong).
+
+        Every access is proven in bounds for all sizes here (OutOfBounds with a witness
+        otherwise), so a wrong index is reported where it is written, not by a kernel.
+        """
+        from polyfuse.deps.bounds import require_in_bounds  # ISL; deps builds on the IR, so imported late
+
         if len(self._stack) != 1:
             raise IRError(f"program {self.name!r}: build() called inside an open loop")
         if not self._stack[0]:
             raise IRError(f"program {self.name!r} has no statements")
-        return validate(Program(self.name, tuple(self._params), tuple(self._tensors), seq(*self._stack[0])))
+        program = validate(Program(self.name, tuple(self._params), tuple(self._tensors), seq(*self._stack[0])))
+        return require_in_bounds(program)
 
 
 __all__ = ["NO_INIT", "ProgramBuilder", "spatial", "reduce", "make_reducer", "IterSpec"]

@@ -265,7 +265,10 @@ def create_program(outputs: Sequence[TensorHandle], name: str, *, inputs: Sequen
 
     Inputs are the placeholders reached (in ``inputs`` order if given, else definition
     order); size parameters are the variables in tensor shapes unless ``params`` is given.
+    Every access is proven in bounds for all sizes, as by ``ProgramBuilder.build``.
     """
+    from polyfuse.deps.bounds import require_in_bounds  # ISL; deps builds on the IR, so imported late
+
     reached: dict[int, TensorHandle] = {}
     stack = list(outputs)
     while stack:
@@ -292,7 +295,7 @@ def create_program(outputs: Sequence[TensorHandle], name: str, *, inputs: Sequen
     prog = Program(name, tuple(params), tuple(tensors), body)
     for h in outputs:
         prog = replace_tensor(prog, h.tensor, dataclasses.replace(h.tensor, role=OUTPUT))
-    return validate(prog)
+    return require_in_bounds(validate(prog))
 
 
 def _nest(block: Block) -> Stmt:
