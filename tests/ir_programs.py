@@ -8,7 +8,8 @@ from polyfuse.ir import ProgramBuilder, Program, exp, maximum, reduce, spatial
 def softmax_sum(symbolic: bool = True, n: int = 2, m: int = 4, *, layout: str = "plain",
                 sizes: tuple[str | int, str | int] | None = None) -> Program:
     """Neptune Fig. 1a (``plain``), its naive fusion Fig. 1b (``naive``: all three blocks under
-    loops i, j), or ``naive_reversed_max`` (Fig. 1b with s_max's reduce loop run backwards).
+    loops i, j), ``naive_reversed_max`` (Fig. 1b with s_max's reduce loop run backwards), or ``reversed``
+    (Fig. 1a with the reduce loops of s_max and s_sum run backwards: each init, at j = 0, runs last).
 
     Sizes are ``N, M`` parameters (``symbolic``), the integers ``n, m``, or ``sizes`` mixing both
     (a name is a size parameter)."""
@@ -27,6 +28,16 @@ def softmax_sum(symbolic: bool = True, n: int = 2, m: int = 4, *, layout: str = 
             xexp[i, j] = exp(inp[i, j] - xmax[i])
         with p.nest("s_sum", i=N, j=reduce(M)) as (i, j):
             xsum[i] = xsum[i] + xexp[i, j]
+        return p.build()
+    if layout == "reversed":
+        with p.loop("i", N) as li, p.loop("j", M) as lj:
+            with p.block("s_max", i=spatial(N, li), j=reduce(M, M - 1 - lj)) as (i, j):
+                xmax[i] = maximum(xmax[i], inp[i, j])
+        with p.nest("s_exp", i=N, j=M) as (i, j):
+            xexp[i, j] = exp(inp[i, j] - xmax[i])
+        with p.loop("i", N) as li, p.loop("j", M) as lj:
+            with p.block("s_sum", i=spatial(N, li), j=reduce(M, M - 1 - lj)) as (i, j):
+                xsum[i] = xsum[i] + xexp[i, j]
         return p.build()
     with p.loop("i", N) as li, p.loop("j", M) as lj:
         jmax = M - 1 - lj if layout == "naive_reversed_max" else lj

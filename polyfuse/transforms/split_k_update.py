@@ -74,6 +74,7 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, infinite_identity, guard_term, repaired_update, replace_block, solve_for,
 )
+from polyfuse.transforms.fusion_loops import require_split_loop
 from polyfuse.transforms.rfactor import read_partials, rfactor
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
@@ -112,6 +113,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
             program = reverse_compute_at(program, block=p, loop_block=anchor, loop=loop)
         if not rolled_by(program.block(p), loop):
             raise IllegalTransform(f"{what}: loop {loop!r} does not split the reduction of producer {p!r}")
+    require_split_loop(program, [p for p in producers if p not in local], loop_block=anchor, loop=loop, what=what)
 
     # Step 3. Naive fusion of the consumer under the split loop: only temporal producer -> C edges may break.
     fresh = [p for p in producers if p not in local]

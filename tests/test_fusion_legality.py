@@ -1,0 +1,114 @@
+"""The ordinary schedule primitives around the reduction fusions: a misuse is refused with a
+PolyfuseError naming the block and loop (issue 20, classes 6 and 7), and the legal neighbour of
+each misuse still fuses and computes what the plain program does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ir_programs import softmax_sum
+from polyfuse.errors import IllegalTransform
+from polyfuse.ir import Program, interpret
+from polyfuse.transforms import Schedule
+
+
+def rows(program: Program, seed: int = 0, sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    shape = [3, 8] if sizes is None else [sizes["N"], sizes["M"]]
+    return {t.name: rng.standard_normal(shape).astype(np.float32) for t in program.inputs}
+
+
+def assert_same_sum(before: Program, after: Program, sizes: dict[str, int] | None = None) -> None:
+    """The fused sum is the plain one up to f32 regrouping of 8 terms (Σ exp(x - max) <= 8)."""
+    inputs = rows(before, sizes=sizes)
+    want = interpret(before, inputs, sizes)["xsum"]
+    got = interpret(after, inputs, sizes)["xsum"]
+    np.testing.assert_allclose(got, want, rtol=2 * 8 * 2.0 ** -24 * 4)
+
+
+def plain() -> Program:
+    return softmax_sum(symbolic=False, n=3, m=8)
+
+
+# ------------------------------------------------------------------ split_k_update: which loop splits
+
+@pytest.mark.parametrize("inner", [1, 2])
+def test_split_k_over_the_inner_loop_of_a_split_is_refused_naming_the_outer_loop(inner):
+    sch = Schedule(plain())
+    _, j1 = sch.split(sch.loop("s_max", "j"), [None, inner])
+    with pytest.raises(IllegalTransform) as err:
+        sch.split_k_update("s_sum", j1)
+    msg = str(err.value)
+    assert "'s_max'" in msg and "'j_1'" in msg and "use the outermost loop binding the reduction, 'j_0'" in msg
+
+
+def test_split_k_over_the_outer_loop_of_a_split_fuses_and_agrees():
+    sch = Schedule(plain())
+    j0, _ = sch.split(sch.loop("s_max", "j"), [None, 2])
+    sch.split_k_update("s_sum", j0)
+    assert_same_sum(plain(), sch.program)
+
+
+def test_split_k_over_an_unsplit_loop_is_refused_saying_to_split_it():
+    sch = Schedule(plain())
+    with pytest.raises(IllegalTransform) as err:
+        sch.split_k_update("s_sum", sch.loop("s_max", "j"))
+    msg = str(err.value)
+    assert "'s_max'" in msg and "no loop inside loop 'j'" in msg and "[n_splits, None]" in msg
+
+
+# ------------------------------------------------------------------ rolling_update: which loop rolls
+
+def test_rolling_over_a_fused_row_and_reduce_loop_is_refused():
+    sch = Schedule(plain())
+    fused = sch.fuse([sch.loop("s_max", "i"), sch.loop("s_max", "j")])
+    with pytest.raises(IllegalTransform) as err:
+        sch.rolling_update("s_sum", fused)
+    msg = str(err.value)
+    assert f"loop {fused.name!r}" in msg and "element xmax[1] of block 's_max'" in msg
+    assert "in iteration 8" in msg and "binds only the reduction" in msg
+
+
+def test_rolling_over_the_reduce_loop_alone_fuses_and_agrees():
+    sch = Schedule(plain())
+    sch.rolling_update("s_sum", sch.loop("s_max", "j"))
+    assert_same_sum(plain(), sch.program)
+
+
+def test_rolling_over_the_inner_loop_of_a_split_is_refused():
+    sch = Schedule(plain())
+    _, j1 = sch.split(sch.loop("s_max", "j"), [None, 2])
+    with pytest.raises(IllegalTransform, match=r"loop 'j_0', outside loop 'j_1', also binds the reduction of block "
+                                               r"'s_max'.*'j_0'"):
+        sch.rolling_update("s_sum", j1)
+
+
+# ------------------------------------------------------------------ reductions run backwards
+
+def test_the_reversed_plain_program_reduces_only_element_zero():
+    """What the refusals below protect: each init, at j = 0, runs last, so the plain program's sum is
+    exp(x[i, 0] - x[i, 0]) = 1 — the fused programs gave NaN."""
+    program = softmax_sum(symbolic=False, n=3, m=8, layout="reversed")
+    np.testing.assert_array_equal(interpret(program, rows(program))["xsum"], np.ones(3, np.float32))
+
+
+@pytest.mark.parametrize("how", ["roll", "roll tiles", "split-k"])
+def test_fusing_reductions_that_run_backwards_is_refused(how):
+    sch = Schedule(softmax_sum(symbolic=False, n=3, m=8, layout="reversed"))
+    j = sch.loop("s_max", "j")
+    with pytest.raises(IllegalTransform) as err:
+        if how == "roll":
+            sch.rolling_update("s_sum", j)
+        elif how == "roll tiles":
+            sch.rolling_update("s_sum", sch.split(j, [None, 2])[0])
+        else:
+            sch.split_k_update("s_sum", sch.split(j, [2, None])[0])
+    msg = str(err.value)
+    assert "block 's_max' backwards" in msg and "s_max[i = 0, j = 7] runs before the init" in msg
+
+
+def test_reversed_program_with_symbolic_sizes_is_refused_with_a_witness_naming_the_sizes():
+    sch = Schedule(softmax_sum(symbolic=True, layout="reversed"))
+    with pytest.raises(IllegalTransform, match=r"backwards .* \(with N = 1, M = 2\)"):
+        sch.rolling_update("s_sum", sch.loop("s_max", "j"))
