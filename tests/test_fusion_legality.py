@@ -112,3 +112,24 @@ def test_reversed_program_with_symbolic_sizes_is_refused_with_a_witness_naming_t
     sch = Schedule(softmax_sum(symbolic=True, layout="reversed"))
     with pytest.raises(IllegalTransform, match=r"backwards .* \(with N = 1, M = 2\)"):
         sch.rolling_update("s_sum", sch.loop("s_max", "j"))
+
+
+# ------------------------------------------------------------------ after compact_buffers
+
+@pytest.mark.parametrize("fusion", ["rolling_update", "split_k_update"])
+def test_fusing_through_a_compacted_map_is_refused_naming_it(fusion):
+    """compact_buffers leaves ``xexp[0, j]`` (one row per iteration of i): the map between the producer and
+    the consumer is no longer one expression per element of xexp, so it cannot be inlined (it crashed)."""
+    sch = Schedule(plain())
+    sch.compute_at("s_exp", sch.loop("s_sum", "i"))
+    sch.compute_at("s_max", sch.loop("s_exp", "i"))
+    sch.compact_buffers()
+    assert "xexp[0, j] = exp(inp[i, j] - xmax[0])" in str(sch.program)
+    with pytest.raises(IllegalTransform) as err:
+        if fusion == "rolling_update":
+            sch.rolling_update("s_sum", sch.loop("s_max", "ax0"))
+        else:
+            sch.split_k_update("s_sum", sch.split(sch.loop("s_max", "ax0"), [2, None])[0])
+    msg = str(err.value)
+    assert "block 's_sum' reads a producer reduction through map block 's_exp'" in msg
+    assert "xexp[0, j]" in msg and "run it after the reduction fusions" in msg
