@@ -9,7 +9,7 @@ import pytest
 
 from ir_programs import softmax_sum
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir import Program, interpret
+from polyfuse.ir import Program, ProgramBuilder, interpret, reduce
 from polyfuse.transforms import Schedule
 
 
@@ -133,3 +133,38 @@ def test_fusing_through_a_compacted_map_is_refused_naming_it(fusion):
     msg = str(err.value)
     assert "block 's_sum' reads a producer reduction through map block 's_exp'" in msg
     assert "xexp[0, j]" in msg and "run it after the reduction fusions" in msg
+
+
+# ------------------------------------------------------------------ symbolic sizes
+
+def variance() -> Program:
+    """Two-pass variance with symbolic sizes: its state repair's auxiliary terms divide by L."""
+    p = ProgramBuilder("variance")
+    B, L = p.sizes("B", "L")
+    x = p.input("x", (B, L), "f32")
+    mean = p.temp("mean", (B,), "f32")
+    var = p.output("var", (B,), "f32")
+    with p.nest("s_mean", b=B, j=reduce(L)) as (b, j):
+        mean[b] = mean[b] + x[b, j] / L
+    with p.nest("s_var", b=B, j=reduce(L)) as (b, j):
+        var[b] = var[b] + (x[b, j] - mean[b]) * (x[b, j] - mean[b]) / L
+    return p.build()
+
+
+@pytest.mark.parametrize("how", ["roll", "roll tiles", "split-k"])
+@pytest.mark.parametrize("length", [7, 8])
+def test_state_repair_with_symbolic_sizes_fuses_and_agrees(how, length):
+    """The auxiliary terms read the size L (an InternalError "uses L" before)."""
+    sch = Schedule(variance())
+    j = sch.loop("s_mean", "j")
+    if how == "roll":
+        sch.rolling_update("s_var", j)
+    elif how == "roll tiles":
+        sch.rolling_update("s_var", sch.split(j, [None, 3])[0])
+    else:
+        sch.split_k_update("s_var", sch.split(j, [None, 2])[0])
+    sizes = {"B": 3, "L": length}
+    inputs = {"x": np.random.default_rng(0).standard_normal((3, length)).astype(np.float32)}
+    want = interpret(variance(), inputs, sizes)["var"]
+    # f32 regrouping of L terms of magnitude <= max x² / L, and the mean's rounding inside them.
+    np.testing.assert_allclose(interpret(sch.program, inputs, sizes)["var"], want, rtol=1e-5, atol=1e-6)
