@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ir_programs import softmax_sum
+from ir_programs import softmax_sum, two_pass_variance
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir import Program, ProgramBuilder, interpret, reduce
+from polyfuse.ir import Program, interpret
 from polyfuse.transforms import Schedule
 
 
@@ -56,6 +56,15 @@ def test_split_k_over_an_unsplit_loop_is_refused_saying_to_split_it():
         sch.split_k_update("s_sum", sch.loop("s_max", "j"))
     msg = str(err.value)
     assert "'s_max'" in msg and "no loop inside loop 'j'" in msg and "[n_splits, None]" in msg
+
+
+def test_split_k_over_the_partials_of_a_whole_loop_rfactor_is_refused():
+    """rfactor over the whole reduce loop makes s_max a combine over one partial per element: the consumer
+    would be cut into single updates too (found by the property test; an AttributeError before)."""
+    sch = Schedule(plain())
+    sch.rfactor(sch.loop("s_max", "j"))
+    with pytest.raises(IllegalTransform, match=r"no loop inside loop 'j' binds the reduction of block 's_sum'"):
+        sch.split_k_update("s_sum", sch.loop("s_max", "j"))
 
 
 # ------------------------------------------------------------------ rolling_update: which loop rolls
@@ -137,25 +146,11 @@ def test_fusing_through_a_compacted_map_is_refused_naming_it(fusion):
 
 # ------------------------------------------------------------------ symbolic sizes
 
-def variance() -> Program:
-    """Two-pass variance with symbolic sizes: its state repair's auxiliary terms divide by L."""
-    p = ProgramBuilder("variance")
-    B, L = p.sizes("B", "L")
-    x = p.input("x", (B, L), "f32")
-    mean = p.temp("mean", (B,), "f32")
-    var = p.output("var", (B,), "f32")
-    with p.nest("s_mean", b=B, j=reduce(L)) as (b, j):
-        mean[b] = mean[b] + x[b, j] / L
-    with p.nest("s_var", b=B, j=reduce(L)) as (b, j):
-        var[b] = var[b] + (x[b, j] - mean[b]) * (x[b, j] - mean[b]) / L
-    return p.build()
-
-
 @pytest.mark.parametrize("how", ["roll", "roll tiles", "split-k"])
 @pytest.mark.parametrize("length", [7, 8])
 def test_state_repair_with_symbolic_sizes_fuses_and_agrees(how, length):
     """The auxiliary terms read the size L (an InternalError "uses L" before)."""
-    sch = Schedule(variance())
+    sch = Schedule(two_pass_variance())
     j = sch.loop("s_mean", "j")
     if how == "roll":
         sch.rolling_update("s_var", j)
@@ -165,6 +160,6 @@ def test_state_repair_with_symbolic_sizes_fuses_and_agrees(how, length):
         sch.split_k_update("s_var", sch.split(j, [None, 2])[0])
     sizes = {"B": 3, "L": length}
     inputs = {"x": np.random.default_rng(0).standard_normal((3, length)).astype(np.float32)}
-    want = interpret(variance(), inputs, sizes)["var"]
+    want = interpret(two_pass_variance(), inputs, sizes)["var"]
     # f32 regrouping of L terms of magnitude <= max x² / L, and the mean's rounding inside them.
     np.testing.assert_allclose(interpret(sch.program, inputs, sizes)["var"], want, rtol=1e-5, atol=1e-6)

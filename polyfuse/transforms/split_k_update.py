@@ -113,7 +113,6 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
             program = reverse_compute_at(program, block=p, loop_block=anchor, loop=loop)
         if not rolled_by(program.block(p), loop):
             raise IllegalTransform(f"{what}: loop {loop!r} does not split the reduction of producer {p!r}")
-    require_split_loop(program, [p for p in producers if p not in local], loop_block=anchor, loop=loop, what=what)
 
     # Step 3. Naive fusion of the consumer under the split loop: only temporal producer -> C edges may break.
     fresh = [p for p in producers if p not in local]
@@ -132,6 +131,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
+    require_split_loop(program, [*fresh, block], loop_block=anchor, loop=loop, what=what)
 
     # Step 4. The repair, from the consumer's own term; a state repair's auxiliary reductions join the consumer.
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
