@@ -13,7 +13,10 @@ loop reference serves every consumer of a chain):
   3. naive fusion: C is placed under L (only temporal producer -> C edges may break).
      A consumer whose producers were all privatized earlier reads nothing written under
      L; it is cut into contiguous parts of its reduction, one per iteration of L
-     (exact: Eq. 3 holds element by element, whichever elements a split holds);
+     (exact: Eq. 3 holds element by element, whichever elements a split holds).
+     Each iteration of L must hold whole splits of every fresh producer and of C, run
+     forward from their inits, with a reduce loop inside L
+     (:func:`~polyfuse.transforms.fusion_loops.require_split_loop`);
   4. the solver derives h from C's term.  A *state repair* (no single h, g a polynomial
      in the producers, :mod:`~polyfuse.transforms.auxiliary`) adds the auxiliary
      reductions ``A_k`` of g's Taylor coefficients next to C;
