@@ -136,6 +136,7 @@ def _reduce_loop_vars(block: Block) -> set[str]:
 
 
 SCOPES = ("global", "shared", "local", "texture")
+NAMES = st.sampled_from(["i", "j", "k", "j_0", "N", "M", "x", "a b"])  # loops, sizes, a tensor, no identifier
 PRIMITIVES = ("split", "reorder", "fuse", "tile", "bind", "annotate", "decompose_reduction", "rfactor", "compute_at",
               "recompute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline", "cache_read",
               "cache_write", "set_scope", "compact_buffers", "rolling_update", "split_k_update")
@@ -155,13 +156,15 @@ def draw_step(data: st.DataObject, sch: Schedule,
     loop = _loop(data, sch, block)
     if prim == "split":
         factors = data.draw(FACTORS)
-        return prim, lambda: sch.split(loop, factors)
+        names = data.draw(st.one_of(st.none(), st.lists(NAMES, min_size=len(factors), max_size=len(factors))))
+        return prim, lambda: sch.split(loop, factors, names)
     if prim in ("reorder", "fuse", "tile"):
         other = _loop(data, sch, block)
         if prim == "reorder":
             return prim, lambda: sch.reorder([loop, other])
         if prim == "fuse":
-            return prim, lambda: sch.fuse([loop, other])
+            name = data.draw(st.one_of(st.none(), NAMES))
+            return prim, lambda: sch.fuse([loop, other], name)
         sizes = data.draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
         return prim, lambda: sch.tile([loop, other], sizes)
     if prim == "bind":
