@@ -9,7 +9,7 @@ import pytest
 
 from ir_programs import softmax_sum, two_pass_variance
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir import Program, interpret
+from polyfuse.ir import Program, ProgramBuilder, exp, interpret, maximum, reduce, spatial
 from polyfuse.transforms import Schedule
 
 
@@ -76,7 +76,28 @@ def test_rolling_over_a_fused_row_and_reduce_loop_is_refused():
         sch.rolling_update("s_sum", fused)
     msg = str(err.value)
     assert f"loop {fused.name!r}" in msg and "element xmax[1] of block 's_max'" in msg
-    assert "in iteration 8" in msg and "binds only the reduction" in msg
+    assert "in iteration 8" in msg and "spatial iteration(s) of 's_max' (i = i_j // 8)" in msg
+    assert "binds only the reduction" in msg
+
+
+def test_rolling_over_a_loop_whose_first_iterations_skip_the_reduction_is_refused():
+    """``j = j' - 2`` over 8 iterations: the reduction starts in iteration 2, where the saved previous max
+    would be uninitialised (the fused sums were NaN)."""
+    p = ProgramBuilder("late_start")
+    x = p.input("x", (3, 6), "f32")
+    xmax = p.temp("xmax", (3,), "f32")
+    xsum = p.output("xsum", (3,), "f32")
+    with p.loop("i", 3) as li, p.loop("j", 8) as lj:
+        with p.block("s_max", i=spatial(3, li), j=reduce(6, lj - 2)) as (i, j):
+            xmax[i] = maximum(xmax[i], x[i, j])
+    with p.nest("s_sum", i=3, j=reduce(6)) as (i, j):
+        xsum[i] = xsum[i] + exp(x[i, j] - xmax[i])
+    sch = Schedule(p.build())
+    with pytest.raises(IllegalTransform) as err:
+        sch.rolling_update("s_sum", sch.loop("s_max", "j"))
+    msg = str(err.value)
+    assert "element xmax[0] of block 's_max' starts (its init, s_max[i = 0, j = 0]) in iteration 2 of loop 'j'" in msg
+    assert "first iterations hold no instance" in msg
 
 
 def test_rolling_over_the_reduce_loop_alone_fuses_and_agrees():
@@ -141,7 +162,7 @@ def test_fusing_through_a_compacted_map_is_refused_naming_it(fusion):
             sch.split_k_update("s_sum", sch.split(sch.loop("s_max", "ax0"), [2, None])[0])
     msg = str(err.value)
     assert "block 's_sum' reads a producer reduction through map block 's_exp'" in msg
-    assert "xexp[0, j]" in msg and "run it after the reduction fusions" in msg
+    assert "xexp[0, j]" in msg and "run compact_buffers after the reduction fusions" in msg
 
 
 # ------------------------------------------------------------------ symbolic sizes

@@ -164,8 +164,8 @@ def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Prog
                 program = compute_inline(program, block=m, into=[consumer])
             except IllegalTransform as err:
                 hint = "" if _stores_by_iterations(program.block(m)) else (
-                    " (compact_buffers stores a temporary at offsets within one iteration's region: run it after "
-                    "the reduction fusions)")
+                    " (a store at offsets, as compact_buffers leaves a temporary, is not one expression per element: "
+                    "run compact_buffers after the reduction fusions)")
                 raise IllegalTransform(f"block {consumer!r} reads a producer reduction through map block {m!r}, "
                                        f"which must be inlined into it: {err}{hint}") from None
             pending.remove(m)

@@ -40,7 +40,10 @@ from polyfuse.deps.domains import first_reduce_instances, iteration_domain, para
 from polyfuse.deps.islconv import build_map
 from polyfuse.deps.schedule import loop_point_to_instance
 from polyfuse.errors import IllegalTransform
+from polyfuse.ir.expr import const
+from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import Block, Loop, Program
+from polyfuse.ir.visit import substitute
 from polyfuse.transforms.tree import binding_loop_vars, find_loop, loops_of
 
 
@@ -126,11 +129,10 @@ class _Instances:
         point = later.domain().lexmin()
         iteration = later.intersect_domain(point).range().lexmin().sample_point().get_coordinate_val(
             isl.dim_type.set, self.depth).to_python()
-        spatial = sorted(binding_loop_vars(self.block, reduce=False) & {self.loop})
         why = (f"loop {self.loop!r} also binds the spatial iteration(s) of {self.block.name!r} "
-               f"({self._bindings()}), so each element's reduction starts in the middle of it; roll over a loop "
-               "that binds only the reduction (fuse the loops after the rolling update, not before)"
-               if spatial else
+               f"({self._bindings(reduce=False)}), so each element's reduction starts in the middle of it; roll over "
+               "a loop that binds only the reduction (fuse the loops after the rolling update, not before)"
+               if self.loop in binding_loop_vars(self.block, reduce=False) else
                f"its first iterations hold no instance of that element ({self._bindings()}); roll over a loop whose "
                "first iteration starts every element's reduction")
         raise IllegalTransform(
@@ -151,9 +153,9 @@ class _Instances:
             "outer loop")
 
     # ------------------------------------------------------------------ message pieces
-    def _bindings(self) -> str:
+    def _bindings(self, *, reduce: bool = True) -> str:
         return ", ".join(f"{iv.var.name} = {b}" for iv, b in zip(self.block.iters, self.block.bindings, strict=True)
-                         if iv.is_reduce)
+                         if iv.is_reduce == reduce)
 
     def _outermost_reduce_loop(self) -> str:
         reduce_loops = binding_loop_vars(self.block, reduce=True)
@@ -166,10 +168,13 @@ class _Instances:
         return f"{self.block.name}[{coords}]" + self._sizes_text(point)
 
     def _element_text(self, elements: isl.Set) -> str:
+        """The element the block stores at a point of its spatial iterations: ``xmax[1]``."""
         point = elements.lexmin().sample_point()
-        coords = ", ".join(str(point.get_coordinate_val(isl.dim_type.set, k).to_python())
-                           for k in range(len(self.block.spatial_iters)))
-        return f"{self.block.store.tensor.name}[{coords}]" + self._sizes_text(point)
+        values = {iv.var.name: const(point.get_coordinate_val(isl.dim_type.set, k).to_python())
+                  for k, iv in enumerate(self.block.spatial_iters)}
+        store = self.block.store
+        index = ", ".join(str(simplify(substitute(e, values))) for e in store.indices)
+        return f"{store.tensor.name}[{index}]" + self._sizes_text(point)
 
     def _sizes_text(self, point: isl.Point) -> str:
         if not self.params:
