@@ -215,6 +215,51 @@ def test_fuse_refusals_name_the_loops():
         sch.fuse([sch.loop("s_exp", "i0"), sch.loop("s_exp", "j")])
 
 
+def test_split_and_fuse_may_reuse_the_names_of_the_loops_they_replace():
+    p = softmax_sum(symbolic=False, n=3, m=6)
+    sch = Schedule(p)
+    assert [r.name for r in sch.split(sch.loop("s_sum", "j"), [None, 2], names=["j", "k"])] == ["j", "k"]
+    assert sch.fuse([sch.loop("s_max", "i"), sch.loop("s_max", "j")], name="j") == LoopRef("s_max", "j")
+    assert loop_names(sch.program, "s_sum") == ["i", "j", "k"] and loop_names(sch.program, "s_max") == ["j"]
+    assert_same_results(p, sch.program)
+
+
+@pytest.mark.parametrize("names, message", [
+    (["a b", "c"], "a loop name must be an identifier, got 'a b'"),
+    ([1, 2], "a loop name must be an identifier, got 1"),
+    (["i", "k"], "'i' already names a size or a loop around block 's_max'"),
+    ("jk", "sch.split: names must be a list, got 'jk'"),
+])
+def test_split_refuses_bad_loop_names(names, message):
+    sch = Schedule(softmax_sum(symbolic=False, n=3, m=6))
+    with pytest.raises(IllegalTransform, match=re.escape(message)):
+        sch.split(sch.loop("s_max", "j"), [None, 2], names=names)
+
+
+def test_fuse_refuses_a_name_that_is_not_an_identifier_or_a_size():
+    sch = Schedule(softmax_sum(sizes=("N", 4)))
+    with pytest.raises(IllegalTransform, match=r"fuse of loops \['j', 'k'\].*'N' already names a size"):
+        sch.fuse(sch.split(sch.loop("s_max", "j"), [2, 2], names=["j", "k"]), name="N")
+    sch = Schedule(softmax_sum(symbolic=False))
+    with pytest.raises(IllegalTransform, match="a loop name must be an identifier, got 3"):
+        sch.fuse([sch.loop("s_max", "i"), sch.loop("s_max", "j")], name=3)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda sch: sch.split(sch.loop("s_max", "j"), None), "sch.split: factors must be a list, got None"),
+    (lambda sch: sch.split("j", [None, 2]), "sch.split: loop must be given as loop handles"),
+    (lambda sch: sch.reorder("ij"), "sch.reorder: loops must be a list, got 'ij'"),
+    (lambda sch: sch.tile([sch.loop("s_max", "i")], 2), "sch.tile: sizes must be a list, got 2"),
+    (lambda sch: sch.fuse(["i", "j"]), "sch.fuse: name at least one loop, as loop handles"),
+    (lambda sch: sch.compute_at("s_exp", "i"), "sch.compute_at: loop must be given as loop handles"),
+    (lambda sch: sch.rolling_update("s_sum", "j"), "sch.rolling_update: loop must be given as loop handles"),
+])
+def test_arguments_of_the_wrong_kind_are_refused_naming_the_primitive(call, message):
+    sch = Schedule(softmax_sum(symbolic=False))
+    with pytest.raises(IllegalTransform, match=re.escape(message)):
+        call(sch)
+
+
 # ------------------------------------------------------------------ tile
 
 def test_tile_two_loops():

@@ -455,6 +455,19 @@ def test_cache_write_accumulates_locally_and_copies_back():
     assert_same_results(p, new, {"N": 3, "M": 4})
 
 
+def test_cache_write_of_a_decomposed_reduction_starts_the_cache_from_the_init():
+    """Without its init the reduction accumulates into the tensor's current value (the init block's
+    zeros): the cache is filled from it first, or it would accumulate into uninitialised memory."""
+    p = softmax_sum()
+    sch = Schedule(p)
+    init = sch.decompose_reduction("s_sum", sch.loop("s_sum", "i"))
+    name = sch.cache_write("s_sum", "local")
+    assert [b.name for b in sch.program.blocks()] == ["s_max", "s_exp", init, f"{name}_in", "s_sum", name]
+    assert 'with p.nest("xsum_local_in", i=N) as (i,):\n        xsum_local[i] = xsum[i]' in str(sch.program)
+    assert_same_results(p, sch.program, {"N": 3, "M": 4})
+    assert round_trips(sch.program)
+
+
 def test_cache_write_refuses_a_strided_write_and_neighbours_in_the_nest():
     p = ProgramBuilder("strided")
     x = p.input("x", (4,), "f32")

@@ -204,7 +204,7 @@ def add_sibling_sums(program: Program, block: str, terms: list[tuple[str, Expr]]
 
     Preconditions:
       1. ``block`` is a reduction (its reducer combines the new terms too);
-      2. each term reads only what ``block``'s iterations index.
+      2. each term reads only what ``block``'s iterations and the program's sizes index.
 
     Each starts at the reducer's identity, whatever X's own init is: it sums coefficients
     (an auxiliary) or counts (the fraction of a split's elements), not X.
@@ -212,7 +212,7 @@ def add_sibling_sums(program: Program, block: str, terms: list[tuple[str, Expr]]
     _, b = block_path(program, block)
     if b.reducer is None:
         raise PolyfuseError(f"block {block!r} is not a reduction; it has no auxiliary accumulators")
-    names = {iv.var.name for iv in b.iters}
+    names = {iv.var.name for iv in b.iters} | {p.name for p in program.params}
     for suffix, term in terms:
         stray = sorted(free_vars(term) - names)
         if stray:

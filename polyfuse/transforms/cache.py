@@ -23,7 +23,11 @@ with the region one iteration needs (Neptune Fig. 13)::
 new block ``Y_s`` copy it back to B's tensor Y right after the top-level
 statement holding B.  Preconditions: 1 as above; B reads Y only as its own
 accumulator; no other block in that top-level statement reads or writes Y; the
-elements B writes are exactly a box (the copy writes back nothing else).
+elements B writes are exactly a box (the copy writes back nothing else).  A
+reduction without an init (``decompose_reduction`` moved it to a block of its own)
+accumulates into Y's current value, so the cache must start from it: a block
+``Y_s_in`` copies the box of Y into ``Y_s`` right before that top-level statement,
+after whatever initialised Y.
 
 ``set_scope(block=B, scope=s)`` moves the temp tensor B writes to scope s
 (inputs and outputs stay global).
@@ -119,7 +123,11 @@ def cache_write(program: Program, *, block: str, scope: str) -> tuple[Program, s
     # Step 3. The block writes the cache; a copy block writes it back after the nest.
     name = _fresh(program, f"{target.name}_{scope}")
     cache = Tensor(name, target.shape, target.dtype, TEMP, scope)
-    copy = _copy_nest(name, _iter_names(program, writer, target.name), extents, src=cache, dst=target)
+    iters = _iter_names(program, writer, target.name)
+    copy = _copy_nest(name, iters, extents, src=cache, dst=target)
+    # A reduction without an init accumulates into the current value: the cache starts as a copy of it.
+    fill = [_copy_nest(_fresh(program, f"{name}_in"), iters, extents, src=target, dst=cache)] \
+        if writer.is_reduction and writer.init is None else []
 
     def retarget(b: Block) -> Block:
         if b.name != block:
@@ -128,7 +136,7 @@ def cache_write(program: Program, *, block: str, scope: str) -> tuple[Program, s
             e, lambda n: Load(cache, n.indices) if isinstance(n, Load) and n.tensor == target else None))
         return b.replace(store=Store(cache, b.store.indices, b.store.value))
 
-    body = map_blocks(seq(*kids[:at + 1], copy, *kids[at + 1:]), retarget)
+    body = map_blocks(seq(*kids[:at], *fill, kids[at], copy, *kids[at + 1:]), retarget)
     return validate(program.replace(body=body, tensors=_declare_after(program.tensors, target, cache))), name
 
 

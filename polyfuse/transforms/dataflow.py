@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from polyfuse import deps
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir.expr import Expr
+from polyfuse.ir.expr import Expr, Var
 from polyfuse.ir.stmt import Block, IterVar, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, seq
 from polyfuse.transforms.inline import compute_inline
@@ -113,7 +113,8 @@ def _substituted(program: Program, consumer: str, maps: tuple[str, ...]) -> Bloc
     from polyfuse.ir.visit import map_block_exprs, map_expr, substitute
 
     block = program.block(consumer)
-    stores = {program.block(m).store.tensor.name: program.block(m).store for m in maps}
+    stores = {program.block(m).store.tensor.name: program.block(m).store for m in maps
+              if _stores_by_iterations(program.block(m))}
     for _ in range(len(maps) + 1):
         def inline(e):
             return map_expr(e, lambda n: substitute(stores[n.tensor.name].value, dict(zip(
@@ -121,6 +122,14 @@ def _substituted(program: Program, consumer: str, maps: tuple[str, ...]) -> Bloc
                 if isinstance(n, Load) and n.tensor.name in stores else None)
         block = map_block_exprs(block, inline)
     return block
+
+
+def _stores_by_iterations(block: Block) -> bool:
+    """True if ``block`` stores at its iteration variables, each once (``T[e0, e1]`` is then its value with
+    ``v_k := e_k``); a compacted temporary's ``xexp[0, j]`` is not, and compute_inline refuses it."""
+    names = [i.name for i in block.store.indices if isinstance(i, Var)]
+    return len(names) == len(block.store.indices) == len(set(names)) and set(names) == {
+        iv.var.name for iv in block.iters}
 
 
 def _top_index(program: Program, target: str | Loop) -> int:
@@ -151,7 +160,14 @@ def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Prog
             raise IllegalTransform(f"inlining into block {consumer!r}: blocks {', '.join(pending)} lie on a path "
                                    "from a producer reduction but the consumer does not reach them")
         for m in ready:
-            program = compute_inline(program, block=m, into=[consumer])
+            try:
+                program = compute_inline(program, block=m, into=[consumer])
+            except IllegalTransform as err:
+                hint = "" if _stores_by_iterations(program.block(m)) else (
+                    " (a store at offsets, as compact_buffers leaves a temporary, is not one expression per element: "
+                    "run compact_buffers after the reduction fusions)")
+                raise IllegalTransform(f"block {consumer!r} reads a producer reduction through map block {m!r}, "
+                                       f"which must be inlined into it: {err}{hint}") from None
             pending.remove(m)
     return program
 
@@ -210,7 +226,6 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     :func:`_kept_loops`).  Returns the program
     and the temporal dependences it breaks (anything else broken is refused).
     """
-    from polyfuse.ir.expr import Var
     from polyfuse.ir.visit import loads
     from polyfuse.transforms.compute_at import own_nest
     from polyfuse.transforms.tree import find_loop, replace_node
@@ -275,7 +290,6 @@ def _kept_loops(program: Program, consumer: Block, aligned: set[str], loop: Loop
     ones (``n_1``) move with it, if they bind nothing else.  Returns those loops (outermost
     first, renamed where ``taken``) and the kept bindings.
     """
-    from polyfuse.ir.expr import Var
     from polyfuse.ir.simplify import simplify
     from polyfuse.ir.visit import substitute
 

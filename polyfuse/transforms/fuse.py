@@ -22,7 +22,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Const, Expr, Var, const
 from polyfuse.ir.stmt import SERIAL, Loop, Program
 from polyfuse.transforms.tree import fresh_loop_name, loops_of, rebind, replace_node
-from polyfuse.transforms.split import _validated
+from polyfuse.transforms.split import _validated, check_loop_names
 
 
 def fuse(program: Program, *, block: str, loops: Sequence[str], name: str | None = None) -> Program:
@@ -47,6 +47,8 @@ def fuse(program: Program, *, block: str, loops: Sequence[str], name: str | None
                                    "bind the sizes first (a product of sizes is not affine)")
         if lp.kind != SERIAL or lp.thread is not None or lp.annotations:
             raise IllegalTransform(f"{where}: loop {lp.var.name!r} is {lp.kind}; fuse before binding or annotating")
+    if name is not None:
+        check_loop_names(program, block, loops, [name], where)
     fused = Var(name or fresh_loop_name(program, "_".join(loops)))
     mapping: dict[str, Expr] = {}
     stride = 1

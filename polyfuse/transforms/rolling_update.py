@@ -7,7 +7,8 @@ reductions and repairing C with the solver's ``h``:
   1. dataflow: the producer reductions of C and the map blocks between them
      (:mod:`~polyfuse.transforms.dataflow`); those maps are inlined into C (a copy);
   2. every producer not yet under L is placed there (``reverse_compute_at``, fully
-     checked); L must be the outermost loop binding each producer's reduction;
+     checked); L must start each element of a producer's reduction in its first iteration
+     and hold all of it (:mod:`~polyfuse.transforms.fusion_loops`);
   3. naive fusion: C is placed under L (``naive_reverse_compute_at``); the broken
      dependences must be exactly temporal edges from producers to C, anything else
      is refused with the dependence and a witness;
@@ -72,6 +73,7 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fusion_loops import require_rolling_loop
 from polyfuse.transforms.repair import Repair
 from polyfuse.transforms.tree import blocks_under, find_loop, loops_of, replace_node
 
@@ -96,8 +98,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         if not under(program, p, find_loop(program, loop_block, loop)):
             program = reverse_compute_at(program, block=p, loop_block=loop_block, loop=loop)
     producers = [p for p in producers if rolled_by(program.block(p), loop)]
-    for p in producers:
-        _require_outermost(program, p, loop, what)
+    require_rolling_loop(program, producers, loop_block=loop_block, loop=loop, what=what)
 
     # Step 3. Naive fusion of the consumer: only temporal producer -> consumer edges may break.
     if producers:
@@ -210,18 +211,6 @@ def _privatized_hint(program: Program, block: str, producers: list[str], loop: s
     return (f"\n{p!r} was rolled over the tiles of loop {loop!r} by an earlier rolling_update: {p}_rf reduces each "
             f"tile and {p!r} now combines one partial per tile, so its repaired value exists per tile, not per "
             f"element; roll {block!r} over an untiled loop, or fuse the chain with split_k_update")
-
-
-def _require_outermost(program: Program, producer: str, loop: str, what: str) -> None:
-    """The rolling loop must be the outermost loop binding the producer's reduction (its first
-    iteration is then the producer's first update, which ``P_save`` relies on)."""
-    names = [lp.var.name for lp in loops_of(program, producer)]
-    outer = set(names[:names.index(loop)])
-    b = program.block(producer)
-    for iv, bnd in zip(b.iters, b.bindings, strict=True):
-        if iv.is_reduce and free_vars(bnd) & outer:
-            raise IllegalTransform(f"{what}: loop {loop!r} is not the outermost loop binding the reduction of "
-                                   f"producer {producer!r} (its {iv.var.name} = {bnd}); roll over the outer loop")
 
 
 def _reduces_inside(block: Block, loop: str) -> bool:

@@ -164,6 +164,11 @@ class Schedule:
         return self
 
     def _apply(self, primitive: str, args: dict[str, Any], fn: Callable[[Program], Any]) -> Any:
+        for key in ("loop", "loops"):
+            for ref in ([args[key]] if key == "loop" else args[key]) if key in args else ():
+                if not isinstance(ref, LoopRef):
+                    raise IllegalTransform(f"sch.{primitive}: {key} must be given as loop handles "
+                                           f"(sch.loop(block, name)), got {ref!r}")
         out = fn(self._program)
         program, result = out if isinstance(out, tuple) else (out, None)
         self._program = program
@@ -173,42 +178,41 @@ class Schedule:
     # ------------------------------------------------------------ loop primitives
     def split(self, loop: LoopRef, factors: Sequence[int | None], names: Sequence[str] | None = None) -> list[LoopRef]:
         """Split ``loop`` by ``factors`` (one may be None); returns the new loops, outermost first."""
-        args: dict[str, Any] = {"loop": loop, "factors": list(factors)}
+        args: dict[str, Any] = {"loop": loop, "factors": _listed("split", "factors", factors)}
         if names is not None:
-            args["names"] = list(names)
+            args["names"] = _listed("split", "names", names)
 
         def run(p: Program) -> tuple[Program, list[str]]:
-            before = {lp.var.name for lp in loops_of(p, loop.block)}
+            at = [lp.var.name for lp in loops_of(p, loop.block)].index(loop.name)
             new = _split(p, block=loop.block, loop=loop.name, factors=factors, names=names)
-            return new, [lp.var.name for lp in loops_of(new, loop.block) if lp.var.name not in before]
+            return new, [lp.var.name for lp in loops_of(new, loop.block)[at:at + len(factors)]]
 
         return [LoopRef(loop.block, n) for n in self._apply("split", args, run)]
 
     def reorder(self, loops: Sequence[LoopRef]) -> None:
         """Permute loops of a perfect nest into the given order."""
-        block = _one_block(loops)
+        block = _one_block("reorder", loops)
         self._apply("reorder", {"loops": list(loops)},
                     lambda p: _reorder(p, block=block, loops=[r.name for r in loops]))
 
     def fuse(self, loops: Sequence[LoopRef], name: str | None = None) -> LoopRef:
         """Fuse consecutive perfectly nested loops into one; returns it."""
-        block = _one_block(loops)
+        block = _one_block("fuse", loops)
         args: dict[str, Any] = {"loops": list(loops)}
         if name is not None:
             args["name"] = name
 
         def run(p: Program) -> tuple[Program, str]:
+            at = [lp.var.name for lp in loops_of(p, block)].index(loops[0].name)
             new = _fuse(p, block=block, loops=[r.name for r in loops], name=name)
-            fused = [lp.var.name for lp in loops_of(new, block) if lp.var.name not in {r.name for r in loops}
-                     and lp.var.name not in {x.var.name for x in loops_of(p, block)}]
-            return new, fused[0]
+            return new, loops_of(new, block)[at].var.name
 
         return LoopRef(block, self._apply("fuse", args, run))
 
     def tile(self, loops: Sequence[LoopRef], sizes: Sequence[int]) -> list[LoopRef]:
         """Tile loops by ``sizes``: returns the tile loops then the intra-tile loops."""
-        block = _one_block(loops)
-        names = self._apply("tile", {"loops": list(loops), "sizes": list(sizes)},
+        block = _one_block("tile", loops)
+        names = self._apply("tile", {"loops": list(loops), "sizes": _listed("tile", "sizes", sizes)},
                             lambda p: _tile(p, block=block, loops=[r.name for r in loops], sizes=sizes))
         return [LoopRef(block, n) for n in names]
 
@@ -376,10 +380,20 @@ class Schedule:
         return list(self._fusions)
 
 
-def _one_block(loops: Sequence[LoopRef]) -> str:
-    if not loops:
-        raise IllegalTransform("name at least one loop")
-    return loops[0].block
+def _one_block(primitive: str, loops: Sequence[LoopRef]) -> str:
+    """The block of the first of ``loops``: a non-empty sequence of loop handles."""
+    refs = _listed(primitive, "loops", loops)
+    if not refs or not all(isinstance(r, LoopRef) for r in refs):
+        raise IllegalTransform(f"sch.{primitive}: name at least one loop, as loop handles (sch.loop(block, name)); "
+                               f"got {loops!r}")
+    return refs[0].block
+
+
+def _listed(primitive: str, what: str, values: Any) -> list:
+    """``values`` as a list, if it is a list or tuple (a string or a number is a mistake, not a sequence)."""
+    if not isinstance(values, (list, tuple)):
+        raise IllegalTransform(f"sch.{primitive}: {what} must be a list, got {values!r}")
+    return list(values)
 
 
 # Public methods of Schedule that are not schedule primitives (everything else records a step).

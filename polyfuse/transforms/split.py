@@ -24,7 +24,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Const, Expr, Var, const
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import SERIAL, Loop, Program, Stmt
-from polyfuse.transforms.tree import find_loop, fresh_loop_name, rebind, replace_node
+from polyfuse.transforms.tree import find_loop, fresh_loop_name, loops_of, rebind, replace_node
 
 
 def split(program: Program, *, block: str, loop: str, factors: Sequence[int | None],
@@ -45,6 +45,7 @@ def split(program: Program, *, block: str, loop: str, factors: Sequence[int | No
             names.append(n)
     elif len(names) != len(extents) or len(set(names)) != len(names):
         raise IllegalTransform(f"{where}: need {len(extents)} distinct loop names, got {list(names)}")
+    check_loop_names(program, block, [loop], names, where)
     value: Expr = const(0)
     for name, ext in zip(names, extents, strict=True):
         value = Var(name) if value == const(0) else value * ext + Var(name)
@@ -54,6 +55,17 @@ def split(program: Program, *, block: str, loop: str, factors: Sequence[int | No
     # Iterations keep their order: validation (which includes the exact-cover check of the
     # schedule, via deps) is all a split needs.
     return _validated(program.replace(body=replace_node(program.body, lp, body)), where)
+
+
+def check_loop_names(program: Program, block: str, replaced: Sequence[str], names: Sequence[str], where: str) -> None:
+    """New loop names replacing the loops ``replaced`` around ``block``: identifiers, none a size or another
+    loop around the block (a nested loop of the same name would hide the outer one)."""
+    taken = {p.name for p in program.params} | {lp.var.name for lp in loops_of(program, block)} - set(replaced)
+    for name in names:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise IllegalTransform(f"{where}: a loop name must be an identifier, got {name!r}")
+        if name in taken:
+            raise IllegalTransform(f"{where}: {name!r} already names a size or a loop around block {block!r}")
 
 
 def _validated(program: Program, what: str) -> Program:

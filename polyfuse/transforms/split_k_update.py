@@ -13,7 +13,10 @@ loop reference serves every consumer of a chain):
   3. naive fusion: C is placed under L (only temporal producer -> C edges may break).
      A consumer whose producers were all privatized earlier reads nothing written under
      L; it is cut into contiguous parts of its reduction, one per iteration of L
-     (exact: Eq. 3 holds element by element, whichever elements a split holds);
+     (exact: Eq. 3 holds element by element, whichever elements a split holds).
+     Each iteration of L must hold whole splits of every fresh producer and of C, run
+     forward from their inits, with a reduce loop inside L
+     (:func:`~polyfuse.transforms.fusion_loops.require_split_loop`);
   4. the solver derives h from C's term.  A *state repair* (no single h, g a polynomial
      in the producers, :mod:`~polyfuse.transforms.auxiliary`) adds the auxiliary
      reductions ``A_k`` of g's Taylor coefficients next to C;
@@ -74,6 +77,7 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fusion_loops import require_split_loop
 from polyfuse.transforms.rfactor import read_partials, rfactor
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
@@ -130,6 +134,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
+    require_split_loop(program, [*fresh, block], loop_block=anchor, loop=loop, what=what)
 
     # Step 4. The repair, from the consumer's own term; a state repair's auxiliary reductions join the consumer.
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
