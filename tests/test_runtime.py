@@ -98,7 +98,7 @@ import sys
 from polyfuse.pipeline import build
 from polyfuse.cli.stages import Subject
 subject = Subject.of("logsumexp", None, {})
-kernel = build(subject.schedule(), sizes=subject.sizes)
+kernel = build(subject.schedule(), sizes=subject.sizes, werror=True)
 inputs = subject.op.inputs(0, subject.mode, subject.sizes)
 import numpy as np
 ref = subject.op.reference(inputs, subject.mode, subject.sizes)["out"]
