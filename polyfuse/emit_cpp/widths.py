@@ -27,10 +27,10 @@ from dataclasses import dataclass
 
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.expr import BinOp, Cast, Const, Expr, Select, Var
-from polyfuse.ir.stmt import Loop, Seq, Stmt
+from polyfuse.ir.stmt import Loop, Stmt
 from polyfuse.tiling.htile import (
     Broadcast, Dot, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axis_sizes, tile_children,
-    walk_tile_expr,
+    walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.printer import tile_expr_str
 
@@ -60,7 +60,8 @@ class IndexWidths:
 
 def index_widths(program: TileProgram) -> IndexWidths:
     """The index widths of ``program``: 32-bit where constant extents prove every value fits."""
-    tile_elements = max((math.prod(axis_sizes(s).values()) for s in _stores(program.body)), default=1)
+    stores = [s for s in walk_tile_stmts(program.body) if isinstance(s, TileStore)]
+    tile_elements = max((math.prod(axis_sizes(s).values()) for s in stores), default=1)
     tile = WIDE if tile_elements > INT32_MAX else NARROW
     if program.params:
         names = ", ".join(p.name for p in program.params)
@@ -68,7 +69,7 @@ def index_widths(program: TileProgram) -> IndexWidths:
     ranges: dict[str, Interval] = {}
     found = _loop_ranges(program.body, ranges)
     if found is None:
-        for s in _stores(program.body):
+        for s in stores:
             found = _store_overflow(s, ranges)
             if found is not None:
                 break
@@ -90,35 +91,19 @@ def _index_only(e: Expr) -> bool:
     return all(_index_only(c) for c in tile_children(e))
 
 
-def _stores(s: Stmt):
-    if isinstance(s, TileStore):
-        yield s
-    elif isinstance(s, Loop):
-        yield from _stores(s.body)
-    elif isinstance(s, Seq):
-        for c in s.stmts:
-            yield from _stores(c)
-
-
-def _loop_ranges(s: Stmt, ranges: dict[str, Interval]) -> str | None:
-    """Record every loop variable's range in ``ranges`` (a name used by several loops: the widest);
-    a reason if an extent does not fit in 32 bits."""
-    if isinstance(s, Seq):
-        for c in s.stmts:
-            found = _loop_ranges(c, ranges)
-            if found is not None:
-                return found
-        return None
-    if not isinstance(s, Loop):
-        return None
-    extent = _interval(s.extent, ranges)
-    if not _fits(extent):
-        return f"loop {s.var.name}: extent {tile_expr_str(s.extent)} may reach 2^31"
-    assert extent is not None
-    name, top = s.var.name, max(extent[1] - 1, 0)
-    before = ranges.get(name, (0, 0))
-    ranges[name] = None if before is None else (0, max(before[1], top))
-    return _loop_ranges(s.body, ranges)
+def _loop_ranges(body: Stmt, ranges: dict[str, Interval]) -> str | None:
+    """Record every loop variable's range in ``ranges`` (a name used by several loops: the widest), outer
+    loops first; a reason if an extent does not fit in 32 bits."""
+    for s in walk_tile_stmts(body):
+        if not isinstance(s, Loop):
+            continue
+        extent = _interval(s.extent, ranges)
+        if not _fits(extent):
+            return f"loop {s.var.name}: extent {tile_expr_str(s.extent)} may reach 2^31"
+        assert extent is not None
+        before = ranges.get(s.var.name, (0, 0))
+        ranges[s.var.name] = None if before is None else (0, max(before[1], extent[1] - 1, 0))
+    return None
 
 
 def _store_overflow(s: TileStore, ranges: dict[str, Interval]) -> str | None:

@@ -21,7 +21,8 @@ result.  Each flag of ``FLAGS`` and why it cannot:
   flags, which nothing reads, may differ.  (clang's default already.)
 * ``-fopenmp``: parallel loops run iterations that touch disjoint memory, each in program order.
 * ``-Wall -Wextra``: generated code must be warning-free; a warning is surfaced as a
-  :class:`~polyfuse.errors.CompilerWarning`, or an error with :attr:`CompileOptions.werror`.
+  :class:`~polyfuse.errors.CompilerWarning` when the library is built (a cached one is not built
+  again), or is an error with :attr:`CompileOptions.werror`.
 """
 
 from __future__ import annotations
