@@ -10,8 +10,8 @@ an empty sum is its init (0 by default), an empty max its identity ``-inf``.
 (:func:`polyfuse.ir.interpret` and :func:`polyfuse.tiling.to_tiles`, hence every backend).  After
 each loop ``L`` that may run zero times it adds, for every reduction block ``B`` inside ``L`` whose
 reduce bindings use ``L``'s variable and whose spatial bindings do not, a spatial block that
-stores ``B``'s init on ``B``'s spatial domain (its spatial box and ``origin_where``) under the
-condition ``extent(L) <= 0``::
+stores ``B``'s init (as at its first reduce instance) on ``B``'s spatial domain (its spatial box
+and ``origin_where``) under the condition ``extent(L) <= 0``::
 
     for i in range(N):                         for i in range(N):
         for j in range(M):                         for j in range(M):
@@ -29,7 +29,7 @@ from __future__ import annotations
 from polyfuse.ir.expr import BinOp, Const, Expr, logical_and
 from polyfuse.ir.simplify import simplify_condition
 from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt, Store
-from polyfuse.ir.visit import free_vars, seq
+from polyfuse.ir.visit import free_vars, seq, substitute
 
 
 def init_empty_reductions(program: Program) -> Program:
@@ -74,8 +74,9 @@ def _inits(s: Stmt, var: str) -> Stmt | None:
     spatial_vars = set().union(set(), *(free_vars(b) for _, b in spatial))
     if var not in reduce_vars or var in spatial_vars:
         return None
+    at_origin = substitute(s.init, {iv.var.name: Const(0, iv.var.dtype) for iv in s.reduce_iters})
     return Block(f"{s.name}_empty_{var}", tuple(iv for iv, _ in spatial), tuple(b for _, b in spatial),
-                 Store(s.store.tensor, s.store.indices, s.init), where=s.origin_where())
+                 Store(s.store.tensor, s.store.indices, at_origin), where=s.origin_where())
 
 
 def _spatial_vars(s: Stmt) -> set[str]:
