@@ -4,7 +4,8 @@ For each operator and mode at its benchmark sizes (``Operator.presets``; ``--siz
 the small test sizes), on the same inputs (``Operator.inputs``, magnitude 1):
 
 - polyfuse: the operator's default GPU schedule (``default_schedule(..., target="cuda")``), built
-  with ``polyfuse.pipeline.build(sch, "cuda")``; schedule and build times are recorded apart (compile time);
+  with ``polyfuse.pipeline.build(sch, "cuda", fp_contract=True)`` (FMA contraction asked for, as
+  ``polyfuse check --backend cuda`` asks); schedule and build times are recorded apart (compile time);
 - PyTorch eager (``torch_ops.py``), ``torch.compile`` of it (compile time excluded), and the other
   PyTorch ways of ``torch_ops.alternatives``: SDPA under each backend and FlexAttention for
   attention, a built-in for some of the others;
@@ -288,7 +289,7 @@ def run_case(name: str, key: str, mode: str, sizes: dict[str, int], args: argpar
         sch = default_schedule(name, mode, program, target="cuda")
         rec["schedule_s"] = time.perf_counter() - start
         start = time.perf_counter()
-        kernel = build(sch, "cuda", loader=args.loader)
+        kernel = build(sch, "cuda", loader=args.loader, fp_contract=True)  # as `polyfuse check --backend cuda`
         rec["build_s"] = time.perf_counter() - start
         ins = [inputs[a.name] for a in kernel.inputs]
         outs = []

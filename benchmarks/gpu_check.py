@@ -2,7 +2,8 @@
 
     python benchmarks/gpu_check.py [--backend cuda] [--sizes test,bench] [--ops a,b] [--out DIR]
 
-Runs what ``polyfuse check OP --backend cuda`` runs, for every operator and mode, at every
+Runs what ``polyfuse check OP --backend cuda`` runs (kernels built with ``fp_contract=True``: FMA
+contraction, which the tolerances cover), for every operator and mode, at every
 magnitude of the operator, at the test sizes and at one benchmark size per operator: the
 preset model shape, with attention cut to one key/value head (and its query group) so that the
 float64 reference stays affordable while the sequence lengths stay those of the benchmark

@@ -48,6 +48,10 @@ class BackendUnavailable(PolyfuseError):
     """A backend (compiler, loader or device) is missing on this machine."""
 
 
+class CompilerWarning(UserWarning):
+    """A compiler warned on generated code (it is still built): a polyfuse bug, or a report such as register spills."""
+
+
 class UnsupportedPattern(PolyfuseError):
     """A program the code generator refuses for a target (a resource limit or a pattern it cannot lower)."""
 

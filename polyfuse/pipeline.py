@@ -61,21 +61,27 @@ def stages(program_or_schedule: object, target: Target | str = "cpp") -> Stages:
 
 
 def build(program_or_schedule: object, target: Target | str = "cpp", *,
-          sizes: Mapping[str, int] | None = None, werror: bool = False, loader: str | None = None):
+          sizes: Mapping[str, int] | None = None, fp_contract: bool = False, werror: bool = False,
+          loader: str | None = None):
     """Compile ``program_or_schedule`` (a Program, or a Schedule's program) into a callable kernel.
 
     ``target`` is ``cpp`` (a :class:`~polyfuse.runtime.Kernel`), ``cuda`` or ``hip`` (a
     :class:`~polyfuse.runtime.gpu.GpuKernel`, built for the architecture of device 0; ``loader``
     picks ``pycuda`` or ``cuda-python``).  ``sizes`` binds size parameters once (a call may still
-    override them).
+    override them).  ``fp_contract`` lets the compiler fuse multiply-adds (one rounding fewer each;
+    off by default, so that the kernel rounds where the interpreters do), ``werror`` makes compiler
+    warnings errors (see :class:`~polyfuse.runtime.compiler.CompileOptions`).
     """
+    from polyfuse.runtime.compiler import CompileOptions
+
+    options = CompileOptions(fp_contract=fp_contract, werror=werror)
     backend = target.backend if isinstance(target, Target) else target
     if backend == "cpp":
         from polyfuse.runtime import Kernel, compile_host
 
         built = stages(program_or_schedule, target)
-        library = compile_host(built.source.text, built.source.entry, werror=werror)
-        return Kernel(built.source, library, sizes)
+        library = compile_host(built.source.text, built.source.entry, options=options)
+        return Kernel(built.source, library, sizes, options)
     if backend in ("cuda", "hip"):
         from polyfuse.runtime.gpu import GpuKernel
         from polyfuse.runtime.gpu_compiler import compile_gpu
@@ -85,7 +91,7 @@ def build(program_or_schedule: object, target: Target | str = "cpp", *,
         if not isinstance(target, Target):
             target = Target(backend, driver.arch(), 32 if backend == "cuda" else 64)
         built = stages(program_or_schedule, target)
-        image = compile_gpu(built.source.text, built.source.entry, backend, target.arch)
+        image = compile_gpu(built.source.text, built.source.entry, backend, target.arch, options=options)
         assert image is not None
-        return GpuKernel(built.source, image, driver, sizes)
+        return GpuKernel(built.source, image, driver, sizes, options)
     raise BackendUnavailable(f"no runtime for backend {backend!r}; backends are cpp, cuda, hip")

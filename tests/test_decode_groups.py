@@ -201,7 +201,7 @@ def test_grouped_plan_matches_numpy_on_the_host(name, tiling, sizes):
     from polyfuse.pipeline import build
 
     op, sizes, sch = _scheduled(name, tiling, **sizes)
-    kernel = build(sch, "cpp", sizes=sizes)
+    kernel = build(sch, "cpp", sizes=sizes, werror=True)
     _check(op, sizes, kernel.run)
 
 
@@ -213,7 +213,7 @@ def test_grouped_plan_matches_numpy_on_the_gpu(name, tiling, sizes):
 
     op, sizes, sch = _scheduled(name, tiling, **sizes)
     try:
-        kernel = build(sch, "cuda", sizes=sizes)
+        kernel = build(sch, "cuda", sizes=sizes, werror=True)
     except BackendUnavailable as err:
         pytest.skip(str(err))
     _check(op, sizes, kernel.run)

@@ -109,9 +109,9 @@ MAP(fp8_to_f32, uint8_t, float, fp8_to_float)
 def conversions():
     import ctypes
 
-    from polyfuse.runtime import compile_host
+    from polyfuse.runtime import CompileOptions, compile_host
 
-    return ctypes.CDLL(str(compile_host(_CONVERSIONS, "conversions", werror=True)))
+    return ctypes.CDLL(str(compile_host(_CONVERSIONS, "conversions", options=CompileOptions(werror=True))))
 
 
 def _call(lib, fn, x, out_dtype):

@@ -24,6 +24,7 @@ from polyfuse.emit_cpp.mma import exact_low
 from polyfuse.errors import LaunchError, NoRepairFound, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
+from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu import GpuKernel
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.runtime.loaders import Loader
@@ -31,6 +32,8 @@ from polyfuse.tiling import to_tiles
 
 FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
 ATTENTION = [(n, m) for n, m in FUSED if n.startswith("attn")]
+WERROR = CompileOptions(werror=True)
+"""Compile tests treat warnings as errors (nvcc ``-Werror all-warnings``, hipcc ``-Werror``)."""
 
 
 def _tiles(name: str, mode: str, target: str = "cuda", **sizes: int):
@@ -53,7 +56,8 @@ def _compile_all(sources, backend: str) -> dict:
     def one(key):
         source = sources[key]
         try:
-            compile_gpu(source.text, f"{key[1]}_{key[2]}", backend, source.target.arch, compile_only=True)
+            compile_gpu(source.text, f"{key[1]}_{key[2]}", backend, source.target.arch, options=WERROR,
+                        compile_only=True)
             return key, None
         except Exception as err:  # noqa: BLE001 - reported per operator by the test below
             return key, err
@@ -600,7 +604,7 @@ def test_row_groups_compile(name, mode, sizes, backend):
         pytest.skip(f"needs {tool}")
     source = emit(_tiles(name, mode, backend, **sizes), CUDA if backend == "cuda" else HIP)
     assert "// row group:" in source.text
-    compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, compile_only=True)
+    compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, options=WERROR, compile_only=True)
 
 
 MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
@@ -702,4 +706,4 @@ def test_split_k_and_resident_statistics_compile(backend):
     source = emit(_tiles("attn_mla_decode", "decode", backend, **MLA_576), CUDA if backend == "cuda" else HIP)
     assert "in shared memory across the loop" in source.text
     assert ("pf_kg" in source.text) == (backend == "cuda")  # (HIP's dots are not tensor-core products)
-    compile_gpu(source.text, f"mla576_{backend}", backend, source.target.arch, compile_only=True)
+    compile_gpu(source.text, f"mla576_{backend}", backend, source.target.arch, options=WERROR, compile_only=True)

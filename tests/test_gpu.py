@@ -25,7 +25,7 @@ def _kernel(name: str, mode: str, loader: str | None = None, **sizes: int):
     sizes = {**op.sizes(mode), **sizes}
     try:
         kernel = build(default_schedule(name, mode, op.program(mode, **sizes), target="cuda"), "cuda",
-                       sizes=sizes, loader=loader)
+                       sizes=sizes, loader=loader, werror=True)
     except BackendUnavailable as err:
         pytest.skip(str(err))
     return op, sizes, kernel

@@ -244,7 +244,7 @@ def test_performer_split_plan_agrees_with_numpy(cut):
     sch = split_schedule(cut, **SPLIT)
     tile_program = tiling.to_tiles(sch.program)
     try:
-        kernel = build(sch, "cpp", sizes=full)
+        kernel = build(sch, "cpp", sizes=full, werror=True)
     except BackendUnavailable as err:
         pytest.skip(str(err))
     for magnitude in op.magnitudes:
@@ -275,7 +275,7 @@ def test_gpu_plans_agree_with_numpy(name, sizes):
     full = op.sizes("default", sizes)
     tile_program = tiling.to_tiles(sch.program)
     try:
-        kernel = build(sch, "cpp", sizes=full)
+        kernel = build(sch, "cpp", sizes=full, werror=True)
     except BackendUnavailable as err:
         pytest.skip(str(err))
     for seed in (0, 1) if not sizes else (0,):

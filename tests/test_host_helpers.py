@@ -29,9 +29,9 @@ GEMM(gemm_i32_3x10x4, int32_t, 3, 10, 4)
 
 @pytest.fixture(scope="module")
 def helpers():
-    from polyfuse.runtime import compile_host
+    from polyfuse.runtime import CompileOptions, compile_host
 
-    return ctypes.CDLL(str(compile_host(_HELPERS, "helpers", werror=True)))
+    return ctypes.CDLL(str(compile_host(_HELPERS, "helpers", options=CompileOptions(werror=True))))
 
 
 def _ptr(a: np.ndarray) -> ctypes.c_void_p:

@@ -98,7 +98,7 @@ import sys
 from polyfuse.pipeline import build
 from polyfuse.cli.stages import Subject
 subject = Subject.of("logsumexp", None, {})
-kernel = build(subject.schedule(), sizes=subject.sizes)
+kernel = build(subject.schedule(), sizes=subject.sizes, werror=True)
 inputs = subject.op.inputs(0, subject.mode, subject.sizes)
 import numpy as np
 ref = subject.op.reference(inputs, subject.mode, subject.sizes)["out"]
@@ -117,3 +117,18 @@ def test_two_processes_build_the_same_kernel_at_once(tmp_path):
     libs = {out.strip() for out, _ in results}
     assert len(libs) == 1 and Path(libs.pop()).parent == tmp_path / "polyfuse"
     assert [p.name for p in (tmp_path / "polyfuse").iterdir() if p.name.startswith(".")] == []
+
+
+_WARNS = ('#include <cstdint>\nextern "C" int polyfuse_warns(void* const*, const int64_t*) { int unused; return 0; }\n')
+"""A source g++ warns about (-Wunused-variable)."""
+
+
+def test_compiler_warnings_are_surfaced_or_errors(tmp_path, monkeypatch):
+    from polyfuse.errors import CompilerWarning, InternalError
+    from polyfuse.runtime import CompileOptions, compile_host
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: built now, so it warns
+    with pytest.warns(CompilerWarning, match=r"(?s)kernel 'warns'.*unused"):
+        compile_host(_WARNS, "warns")
+    with pytest.raises(InternalError, match=r"(?s)g\+\+ failed on the generated kernel 'warns'.*unused"):
+        compile_host(_WARNS, "warns", options=CompileOptions(werror=True))

@@ -24,6 +24,7 @@ from polyfuse.ir.expr import BinOp, Call, Const, Select, Var
 from polyfuse.ir.stmt import INPUT, OUTPUT, TEMP, Loop, Seq, Tensor
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.pipeline import build
+from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.tiling.htile import Broadcast, Iota, Reduce, Slice, TileLoad, TileProgram, TileStore, walk_tile_stmts
 from polyfuse.tiling.interpreter import _Runner
 from polyfuse.tiling.skip import skip_masked_tiles
@@ -138,7 +139,8 @@ def test_truncated_cuda_kernels_compile(name):
 
     source = emit(_tiles(name, "cuda", Sq=256, Skv=256)[0], CUDA)
     assert "j_0 < (pf::floordiv(static_cast<int32_t>(i_0)" in source.text
-    compile_gpu(source.text, f"{name}_skip", "cuda", source.target.arch, compile_only=True)
+    compile_gpu(source.text, f"{name}_skip", "cuda", source.target.arch, options=CompileOptions(werror=True),
+                compile_only=True)
 
 
 @pytest.mark.skipif(shutil.which("hipcc") is None, reason="needs hipcc")
@@ -147,7 +149,8 @@ def test_truncated_hip_kernel_compiles():
 
     source = emit(_tiles("attn_causal", "hip", Sq=256, Skv=256)[0], HIP)
     assert "j_0 < (pf::floordiv(" in source.text
-    compile_gpu(source.text, "attn_causal_skip", "hip", source.target.arch, compile_only=True)
+    compile_gpu(source.text, "attn_causal_skip", "hip", source.target.arch, options=CompileOptions(werror=True),
+                compile_only=True)
 
 
 # ---------------------------------------------------------------- hand-built programs

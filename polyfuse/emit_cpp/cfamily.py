@@ -11,7 +11,9 @@ Values of f16, bf16 and fp8 are computed in ``float`` and rounded after every op
 the tile interpreter rounds every NumPy operation in its node's dtype; memory holds their bits.
 
 Backends subclass :class:`CFamilyEmitter` and override its table of differences (types, the
-math function names, the parallel-loop pragma, the entry point and its prologue).
+math function names, the parallel-loop pragma, the entry point and its prologue).  The C types
+of counters and index arithmetic come from :mod:`polyfuse.emit_cpp.widths`, decided once per
+program (``self.widths``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from polyfuse.emit_cpp.widths import index_widths, is_index
 from polyfuse.errors import InternalError
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
@@ -72,6 +75,7 @@ class CFamilyEmitter:
         self.depth = 0
         self.counter = 0
         self.params = {p.name for p in program.params}
+        self.widths = index_widths(program)
         self.materialized: dict[Expr, _Materialized] = {}  # per store; empty for loop extents before the first
 
     # ------------------------------------------------------------ table of differences (override)
@@ -104,8 +108,13 @@ class CFamilyEmitter:
 
     def for_axes(self, axes: tuple[str, ...], sizes: dict[str, int]) -> int:
         for a in axes:
-            self.open(f"for (int {axis_var(a)} = 0; {axis_var(a)} < {sizes[a]}; ++{axis_var(a)})")
+            self.open(self.axis_loop(a, sizes[a]))
         return len(axes)
+
+    def axis_loop(self, axis: str, size: int) -> str:
+        """The header of a loop over tile axis ``axis`` (its counter in the tile width)."""
+        v = axis_var(axis)
+        return f"for ({self.widths.tile} {v} = 0; {v} < {size}; ++{v})"
 
     def close_n(self, n: int) -> None:
         for _ in range(n):
@@ -197,7 +206,8 @@ class CFamilyEmitter:
         if isinstance(e, Squeeze):
             return self.scalar(e.tile, {**env, e.axis: "0"})
         if isinstance(e, BinOp):
-            return self.binop(e.op, self.scalar(e.a, env), self.scalar(e.b, env), e.a.dtype)
+            d = self.widths.index_dtype(e.a.dtype) if is_index(e) else e.a.dtype
+            return self.binop(e.op, self.scalar(e.a, env), self.scalar(e.b, env), d)
         if isinstance(e, Call):
             return self.call(e.fn, self.scalar(e.args[0], env), e.dtype)
         if isinstance(e, Select):
@@ -256,7 +266,7 @@ class CFamilyEmitter:
 
     def loop_header(self, s: Loop) -> str:
         v = s.var.name
-        return f"for (int {v} = 0; {v} < {self.scalar(s.extent, {})}; ++{v})"
+        return f"for ({self.widths.loop} {v} = 0; {v} < {self.scalar(s.extent, {})}; ++{v})"
 
     def allocate(self, s: Loop) -> None:
         """Declare the tensors allocated once per iteration of ``s``."""
@@ -331,8 +341,7 @@ class CFamilyEmitter:
             acc = self.fresh("acc")
             ct = self.ctype(e.dtype)
             self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
-            self.open(f"for (int {axis_var(e.axis)} = 0; {axis_var(e.axis)} < {self.sizes[e.axis]}; "
-                      f"++{axis_var(e.axis)})")
+            self.open(self.axis_loop(e.axis, self.sizes[e.axis]))
             item = self.scalar(e.tile, {**env, e.axis: axis_var(e.axis)})
             op = _REDUCER_OP[e.op]
             combined = f"{self.helpers}{op}<{ct}>({acc}, {item})" if op in ("max", "min") else (

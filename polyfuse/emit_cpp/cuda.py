@@ -261,7 +261,8 @@ class CudaEmitter(CFamilyEmitter):
                 text = f"({flat}) / {stride}" if stride > 1 else f"({flat})"
             else:
                 text = f"(({flat}) / {stride}) % {size}" if stride > 1 else f"({flat}) % {size}"
-            self.line(f"const int {axis_var(a)} = static_cast<int>({text});")
+            t = self.widths.tile
+            self.line(f"[[maybe_unused]] const {t} {axis_var(a)} = static_cast<{t}>({text});")
             stride *= size
         return {a: axis_var(a) for a in axes}
 
@@ -387,7 +388,7 @@ class CudaEmitter(CFamilyEmitter):
         acc, ct = self.fresh("acc"), self.reduce_type(e)
         self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
         r = axis_var(e.axis)
-        self.open(f"for (int {r} = 0; {r} < {self.sizes[e.axis]}; ++{r})")
+        self.open(self.axis_loop(e.axis, self.sizes[e.axis]))
         item = self.scalar(e.tile, {**env, e.axis: r})
         self.line(f"{acc} = {self.combine(e.op, acc, item, ct)};")
         self.close()
@@ -419,7 +420,7 @@ class CudaEmitter(CFamilyEmitter):
             self.materialize(s.value)
         if axes:
             total = math.prod(self.sizes[a] for a in axes)
-            self.store_elements(s, axes, "int pf_e = pf_tid", str(self.threads), total)
+            self.store_elements(s, axes, f"{self.widths.tile} pf_e = pf_tid", str(self.threads), total)
         else:
             self.open("if (pf_tid == 0)")
             self.assign(s, {})
@@ -545,12 +546,13 @@ class CudaEmitter(CFamilyEmitter):
             # One thread per output and a short slice (a combine over splits): unrolled, so that all its
             # loads are in flight at once.
             self.line("#pragma unroll")
+        t = self.widths.tile
         if vec == 1:
-            self.open(f"for (int {r} = {first}; {r} < {length}; {r} += {step})")
+            self.open(f"for ({t} {r} = {first}; {r} < {length}; {r} += {step})")
             self.line(f"{acc} = {self.combine(e.op, acc, self.scalar(e.tile, {**env, e.axis: r}), ct)};")
             self.close()
             return
-        self.open(f"for (int {r} = ({first}) * {vec}; {r} < {length}; {r} += {step * vec})")
+        self.open(f"for ({t} {r} = ({first}) * {vec}; {r} < {length}; {r} += {step * vec})")
         inner = {**env, e.axis: r}
         self.load_lanes(loads, inner, vec)
         for _, lane_env in self.lanes(inner, e.axis, vec):
@@ -649,7 +651,8 @@ class CudaEmitter(CFamilyEmitter):
             self.line("int64_t pf_bid = blockIdx.x;")
             for lp in reversed(nest.chain):
                 ext = self.scalar(lp.extent, {})
-                self.line(f"const int {lp.var.name} = static_cast<int>(pf_bid % {ext});")
+                t = self.widths.loop
+                self.line(f"const {t} {lp.var.name} = static_cast<{t}>(pf_bid % {ext});")
                 self.line(f"pf_bid /= {ext};")
             for lp in nest.chain:
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)

@@ -103,7 +103,7 @@ class HostCppEmitter(CFamilyEmitter):
         self.line(f"{name}[{at}] = {REDUCE_INIT[e.op]};")
         self.close_n(count)
         reduced = axis_var(e.axis)
-        self.open(f"for (int {reduced} = 0; {reduced} < {size[e.axis]}; ++{reduced})")
+        self.open(self.axis_loop(e.axis, size[e.axis]))
         count = self.for_axes(axes, size)
         item = self.scalar(e.tile, {**env, e.axis: reduced})
         op = REDUCER_OP[e.op]
@@ -154,7 +154,7 @@ class HostCppEmitter(CFamilyEmitter):
             self.line(f"{gemm}({a_arr}, {b_arr}, {prod});")
         else:
             v = self.fresh("b")
-            self.open(f"for (int {v} = 0; {v} < {nb}; ++{v})")
+            self.open(f"for ({self.widths.tile} {v} = 0; {v} < {nb}; ++{v})")
             self.line(f"{gemm}({a_arr} + {v} * {m * k}, {b_arr} + {v} * {k * n}, {prod} + {v} * {m * n});")
             self.close()
         env = {a: axis_var(a) for a in axes}

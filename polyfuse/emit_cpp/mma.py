@@ -231,7 +231,7 @@ def serial_dot(em: CudaEmitter, e: Dot, env: dict[str, str], acc: str) -> str:
     """Emit ``acc = Σ_k a·b`` for the output element at ``env`` (one thread's loop); return ``e.acc + acc``."""
     k = axis_var(e.axis)
     em.line(f"{em.ctype(e.dtype)} {acc} = 0;")
-    em.open(f"for (int {k} = 0; {k} < {em.sizes[e.axis]}; ++{k})")
+    em.open(em.axis_loop(e.axis, em.sizes[e.axis]))
     inner = {**env, e.axis: k}
     a = em.convert(em.scalar(e.a, inner), e.a.dtype, e.dtype)
     b = em.convert(em.scalar(e.b, inner), e.b.dtype, e.dtype)
@@ -795,9 +795,9 @@ def _staged_element(em: CudaEmitter, declare: str, op: Staged,
     (padding stays zero); returns the axis environment of the element."""
     outer, inner = place or (f"pf_e / {op.inner}", f"pf_e % {op.inner}")
     if op.trans:
-        em.line(f"const int pf_k = {outer}, pf_r = {inner};")
+        em.line(f"[[maybe_unused]] const int pf_k = {outer}, pf_r = {inner};")
     else:
-        em.line(f"const int pf_r = {outer}, pf_k = {inner};")
+        em.line(f"[[maybe_unused]] const int pf_r = {outer}, pf_k = {inner};")
     em.line(declare)
     rows_in, k_in = (op.rows == op.rows_pad, op.kk == op.kp) if op.trans else (True, op.kk == op.kp)
     tests = [t for t, known in ((f"pf_r < {op.rows}", rows_in), (f"pf_k < {op.kk}", k_in)) if not known]

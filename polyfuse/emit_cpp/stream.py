@@ -318,10 +318,10 @@ def next_tile(em: CudaEmitter, state: StreamLoop, key, buffer: str) -> None:
     operand = state.streams[key].operand
     saved, em.sizes = getattr(em, "sizes", {}), operand.sizes
     em.open(f"if ({j} + 1 < {em.scalar(lp.extent, {})})")
-    em.line(f"const int pf_next = {j} + 1;")
+    em.line(f"const {em.widths.loop} pf_next = {j} + 1;")
     em.line(f"uint16_t* const pf_dst = {buffer};")
     em.open("")
-    em.line(f"const int {j} = pf_next;  // the next iteration's indices")
+    em.line(f"const {em.widths.loop} {j} = pf_next;  // the next iteration's indices")
     copy_async(em, operand.op, operand.low, "pf_dst")
     em.close()
     em.close()

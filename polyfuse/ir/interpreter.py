@@ -14,7 +14,8 @@ by iteration.  Reductions over a loop fail the test and stay sequential, so
 their accumulation order is the program's.
 
 Temporaries and outputs start as NaN (floats), so reading an element before it is
-written shows up in the result instead of passing silently.
+written shows up in the result instead of passing silently.  A size may be 0: a reduction
+over no elements is its init (:mod:`polyfuse.ir.empty`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 
 from polyfuse.errors import IRError, PolyfuseError, UnboundSize
 from polyfuse.ir.affine import fold_div_mod, linear_form, variables
+from polyfuse.ir.empty import init_empty_reductions
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.stmt import INPUT, Block, Loop, Program, Seq, Stmt, Tensor, walk_stmts
 from polyfuse.ir.visit import loads, substitute
@@ -51,7 +53,7 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
     Size parameters are taken from ``sizes`` and from input shapes whose dimension is
     a bare parameter.  Inputs must have exactly the declared shapes and dtypes.
     """
-    bound = _bind(program, inputs, sizes or {})
+    bound = init_empty_reductions(_bind(program, inputs, sizes or {}))
     buffers: dict[str, np.ndarray] = {}
     for t in bound.tensors:
         shape = tuple(_static(d, f"shape of tensor {t.name!r}") for d in t.shape)

@@ -177,8 +177,8 @@ def bind_sizes(program: Program, sizes: Mapping[str, int]) -> Program:
             f"its parameters are: {', '.join(sorted(known)) or '(none)'}"
         )
     for k, v in sizes.items():
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise UnboundSize(f"size {k} must be a positive integer, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise UnboundSize(f"size {k} must be a non-negative integer, got {v!r}")
     from polyfuse.ir.simplify import simplify
 
     mapping = {k: Const(int(v), Var(k).dtype) for k, v in sizes.items()}

@@ -17,7 +17,7 @@ from polyfuse.ir import ProgramBuilder, cast, eq, exp, maximum, reduce, select
 from polyfuse.ir.stmt import Program
 from polyfuse.ops import register
 from polyfuse.ops.base import Arrays, Operator, Sizes
-from polyfuse.ops.softmax import FN32, TINY32, U32, max_exp_sum
+from polyfuse.ops.softmax import CONTRACTED, FN32, TINY32, U32, max_exp_sum
 
 # ------------------------------------------------------------------ moe_routing
 
@@ -82,7 +82,7 @@ register(Operator(
                    "are exact in f32 and topi must equal the stable descending argsort exactly (atol 0.5 on "
                    "integers). probs: each exp(z - m) is within 8·U32 (4 ulp), their sum of E positive terms adds "
                    "(E - 1)·U32, exp of the top value 8·U32 and the division U32: rtol = (E - 1)·U32 + 16·U32 + "
-                   "U32; atol = smallest normal f32 for probabilities that underflow.",
+                   "U32; atol = smallest normal f32 for probabilities that underflow." + CONTRACTED,
     defaults={"default": {"S": 8, "HD": 24, "E": 12, "K": 2}},
     presets={"default": {"S": 4096, "HD": 4096, "E": 64, "K": 8}},
     magnitudes=(1.0, 1e4),
@@ -167,7 +167,7 @@ register(Operator(
     description="per-token scaled GEMM (RedFuser §3.4, real-valued): m = max_k |A|, C = Σ_k (448·A/m)·W",
     build=build_quant_gemm, make_inputs=make_quant_inputs, reference=ref_quant_gemm, tolerance=tol_quant_gemm,
     tolerance_note=_QUANT_NOTE + "Each term carries 3 roundings (448·A, /m, ·W): atol = (K + 2)·U32·448·"
-                                 "sqrt(K), rtol = 0 (U32 = 2^-24).",
+                                 "sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES,
 ))
 
@@ -178,7 +178,7 @@ register(Operator(
     tolerance=tol_quant_gemm_fp8,
     tolerance_note=_QUANT_NOTE + "The reference rounds the same f32 value 448·A/m to fp8 e4m3 (ml_dtypes), so "
                                  "the quantised operands agree exactly; each term then carries one rounding (·W): "
-                                 "atol = K·U32·448·sqrt(K), rtol = 0 (U32 = 2^-24).",
+                                 "atol = K·U32·448·sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES,
 ))
 
@@ -311,7 +311,7 @@ register(Operator(
                    "argument dash - β|q|² - max by e = (2D + 6)·U32·S + (D + 3)·U32·β·D, so q' and k' are off "
                    "by ε = e + 8·U32 + 2·U32 relatively. out is a convex combination of v rows (|v| <= 1) with "
                    "weights q'·k'/Σ: atol = 4ε + 2(L + F + 1)·U32 (numerator and denominator sums over L and F), "
-                   "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude).",
+                   "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude)." + CONTRACTED,
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
     magnitudes=PERFORMER_MAGNITUDES,

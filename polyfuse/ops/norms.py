@@ -19,7 +19,7 @@ from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
 from polyfuse.ops.base import Arrays, Operator, Sizes
-from polyfuse.ops.softmax import TINY32, U32
+from polyfuse.ops.softmax import CONTRACTED, TINY32, U32
 
 SPREAD = math.sqrt(3.0)
 """Half-width of the unit-variance uniform noise U(-SPREAD, SPREAD) used where bounds must be hard."""
@@ -72,7 +72,7 @@ register(Operator(
     tolerance_note="f32, U32 = 2^-24 per rounding; max|x| is exact. Each (x/m)² carries 3 roundings and the "
                    "sum of M positive terms M - 1 more, so rel(s) <= (M + 2)·U32; sqrt halves it and adds U32, "
                    "m·sqrt(s) adds U32: rtol = ((M + 2)/2 + 2)·U32. All values are positive, so no cancellation; "
-                   "atol = smallest normal f32.",
+                   "atol = smallest normal f32." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30),
 ))
 
@@ -124,7 +124,7 @@ register(Operator(
                    "roundings and eps's f32 rounding at most one more; sqrt halves and adds U32; the division U32: "
                    "rtol = ((M + 3)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
                    "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
-                   "for |x| >~ 1e18, so magnitudes stop at 1e15.",
+                   "for |x| >~ 1e18, so magnitudes stop at 1e15." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15),
 ))
 
@@ -176,7 +176,8 @@ register(Operator(
                    "product and the division each term of s is off by <= (5.5M + 3.5)·U32 and the sum of M "
                    "mixed-sign terms adds (M - 1)·U32·Σ|terms|. By Cauchy-Schwarz Σ|x1·x2|/sqrt(max(m-10, 1)) "
                    "<= sqrt(11)·|x2|_2 <= sqrt(11·M) (|x2| <= 1, any x1 magnitude): atol = (6.5M + 2.5)·U32·"
-                   "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18.",
+                   "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18."
+                   + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15),
 ))
 
@@ -229,7 +230,7 @@ register(Operator(
     tolerance_note="f32, U32 = 2^-24 per rounding. The mean is off by δ <= L·U32·max|x| (x/L and the sum); "
                    "Σ(x - mean)²/L then equals (var + δ²) up to 4 roundings per term and L - 1 for the sum of "
                    "positive terms: rtol = (L + 3)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
-                   "(tolerance does not see the magnitude, so it covers the largest).",
+                   "(tolerance does not see the magnitude, so it covers the largest)." + CONTRACTED,
     defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}},
     magnitudes=VARIANCE_OFFSETS,
 ))
@@ -295,7 +296,7 @@ register(Operator(
                    "parallel axes), computed with 6 roundings per term (a rounded difference counts twice once "
                    "squared, the square, 2 additions, w·) and N - 1 for the positive sum: rtol = (N + 5)·U32, "
                    "atol = 2·M·|δc|² <= 2·1.5N·3·(2N·U32·max|x|)² with max|x| = max offset (1e3) + sqrt 3 "
-                   "(tolerance does not see the magnitude, so it covers the largest).",
+                   "(tolerance does not see the magnitude, so it covers the largest)." + CONTRACTED,
     defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
     magnitudes=INERTIA_OFFSETS,
 ))
@@ -356,6 +357,6 @@ register(Operator(
                    "difference is exact up to δ and 1/sqrt(var + eps) <= 2 for these draws (atol 2δ), the "
                    "relative error of var + eps is halved by sqrt, plus sqrt, the division and the subtraction: "
                    "rtol ((M + 4)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
-                   "magnitude, so it covers the largest).",
+                   "magnitude, so it covers the largest)." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS,
 ))

@@ -8,6 +8,14 @@ Error model used by every tolerance in the catalog's f32 operators: one correctl
 rounded operation has relative error at most ``U32 = 2^-24``; NumPy's f32 ``exp`` and
 ``log`` are within 4 ulp (``FN32 = 8·U32``, measured 2.4 ulp); a sequential sum of n
 terms adds at most ``(n - 1)·U32·Σ|terms|``; ``max`` and ``abs`` are exact.
+
+Contracted multiply-adds: a kernel built with ``fp_contract`` (the GPU checks and benchmarks
+ask for it; :class:`polyfuse.runtime.compiler.CompileOptions`) may compute ``a·b + c`` as one
+fused multiply-add, ``round(a·b + c)`` instead of ``round(round(a·b) + c)``.  In the model each
+operation gives its exact result times ``(1 + δ)`` with ``|δ| <= U32``; the FMA is the same
+expression with the multiplication's ``δ = 0``.  Every bound here holds for all ``|δ| <= U32``,
+so for ``δ = 0`` as well: counting one rounding per operation already covers a contracted one
+(and where a product is exact, e.g. on the input grids, its ``δ`` is 0 either way).
 """
 
 from __future__ import annotations
@@ -25,6 +33,10 @@ FN32 = 8 * U32
 """Relative error bound of NumPy's f32 exp / log (4 ulp)."""
 TINY32 = float(np.finfo(np.float32).tiny)
 """Smallest normal f32: results below it are subnormal or zero, off by less than this."""
+
+CONTRACTED = (" GPU kernels may contract a·b + c into one FMA (one rounding fewer): covered, since every bound "
+              "here counts one rounding per operation and holds when one is exact (polyfuse.ops.softmax).")
+"""The end of every operator's tolerance note (see the module docstring)."""
 
 MAGNITUDES = (1.0, 1e4)
 """Logit scales: 1e4 makes ``Σ exp(x)`` overflow f32 without the max subtraction."""
@@ -148,7 +160,7 @@ register(Operator(
     name="softmax_sum",
     description="Neptune Fig. 1a: xmax = max_j inp, xsum = Σ_j exp(inp - xmax) over rows of inp[N, M]",
     build=build_softmax_sum, make_inputs=make_logits, reference=ref_softmax_sum, tolerance=tol_softmax_sum,
-    tolerance_note=_SUM_NOTE + "atol = smallest normal f32.",
+    tolerance_note=_SUM_NOTE + "atol = smallest normal f32." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
 ))
 
@@ -158,7 +170,7 @@ register(Operator(
     build=build_softmax, make_inputs=make_logits, reference=ref_softmax, tolerance=tol_softmax,
     tolerance_note=_SUM_NOTE + "y = exp(x - m)/s adds (|x - m| + 8)·U32 for the rounded argument "
                "(|x - m| <= 88 while y is a normal f32; below that atol = smallest normal f32 covers it) "
-               "and U32 for the division.",
+               "and U32 for the division." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
 ))
 
@@ -167,6 +179,6 @@ register(Operator(
     description="row log-sum-exp of inp[N, M]: out = xmax + log(xsum)",
     build=build_logsumexp, make_inputs=make_logits, reference=ref_logsumexp, tolerance=tol_logsumexp,
     tolerance_note=_SUM_NOTE + "log s is then off by rel(s) + 8·U32·log(M) absolutely (1 <= s <= M), "
-               "which is atol; rtol = U32 for the final addition m + log s.",
+               "which is atol; rtol = U32 for the final addition m + log s." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
 ))

@@ -1,35 +1,75 @@
 """Compile host C++ with g++ into a shared library, cached on disk.
 
 The cache lives in ``$XDG_CACHE_HOME/polyfuse`` (``~/.cache/polyfuse`` by default); a library's
-name is a hash of the source, the runtime headers, the compiler's version and the flags, so a
-change to any of them builds anew.  Several processes may build one kernel at once: each
-compiles into its own temporary file in the cache directory and renames it into place with
-``os.replace`` (atomic), so a reader sees either no library or a complete one.
+name is a hash of the source, the runtime headers, the compiler's version and the flags (so the
+:class:`CompileOptions` too), so a change to any of them builds anew.  Several processes may build
+one kernel at once: each compiles into its own temporary file in the cache directory and renames it
+into place with ``os.replace`` (atomic), so a reader sees either no library or a complete one.
+
+A kernel computes what the interpreters compute, operation by operation, so no flag may change a
+result.  Each flag of ``FLAGS`` and why it cannot:
+
+* ``-O3 -march=native``: without ``-ffast-math`` GCC keeps IEEE semantics (no reassociation, no
+  flush to zero, NaN and inf kept, vector ``sqrt`` and ``/`` correctly rounded); the only
+  value-changing freedom it takes by default is contraction of ``a*b + c`` into an FMA (one
+  rounding fewer), which ``-ffp-contract=off`` removes unless :attr:`CompileOptions.fp_contract`
+  asks for it.
+* ``-fno-math-errno``: math functions need not set ``errno``, which nothing reads; their values are
+  unchanged (``sqrt`` becomes the correctly rounded instruction instead of a call that also sets it).
+* ``-fno-trapping-math``: floating-point operations are assumed not to trap, so both values of a
+  select may be computed and blended (vectorized).  IEEE results are the same; only the exception
+  flags, which nothing reads, may differ.  (clang's default already.)
+* ``-fopenmp``: parallel loops run iterations that touch disjoint memory, each in program order.
+* ``-Wall -Wextra``: generated code must be warning-free; a warning is surfaced as a
+  :class:`~polyfuse.errors.CompilerWarning` when the library is built (a cached one is not built
+  again), or is an error with :attr:`CompileOptions.werror`.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
 import hashlib
 import os
 import platform
 import shutil
 import subprocess
 import tempfile
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
-from polyfuse.errors import BackendUnavailable, InternalError
+from polyfuse.errors import BackendUnavailable, CompilerWarning, InternalError
 
 RUNTIME_DIR = Path(__file__).resolve().parent.parent.parent / "runtime"
 """The helper headers (``polyfuse_host.h``), found relative to the package (editable install)."""
 
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
          "-shared", "-fPIC", "-Wall", "-Wextra")
-"""No fast-math: results stay IEEE (no reassociation, no flush to zero, NaN and inf kept).
-``-fno-math-errno`` and ``-fno-trapping-math`` only say that errno and floating-point exceptions are
-not looked at, so that the compiler may evaluate both values of a select and vectorize the loop
-(clang's default is already ``-fno-trapping-math``)."""
+"""The flags of every host build (see the module docstring for why none changes a result)."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How generated source is compiled, on every backend; part of each kernel's cache key.
+
+    ``fp_contract``: the compiler may contract a multiply and an add into one fused multiply-add,
+    which rounds once instead of twice.  Off by default: then a kernel rounds where the interpreters
+    round, and ``a*b - c*d`` with ``a*b == c*d`` is exactly 0 as in NumPy (contracted, it is the
+    rounding error of ``c*d``).  The catalog's GPU checks and benchmarks ask for it; their tolerances
+    cover it (the error model in :mod:`polyfuse.ops.softmax`).
+    ``werror``: compiler warnings are errors (the tests build so); without it they are surfaced as a
+    :class:`~polyfuse.errors.CompilerWarning`.
+    """
+
+    fp_contract: bool = False
+    werror: bool = False
+
+
+def host_flags(options: CompileOptions) -> tuple[str, ...]:
+    """``FLAGS`` with the contraction and warning flags ``options`` ask for."""
+    contract = "-ffp-contract=fast" if options.fp_contract else "-ffp-contract=off"
+    return (*FLAGS, contract, *(("-Werror",) if options.werror else ()))
 
 
 def cache_dir() -> Path:
@@ -62,13 +102,11 @@ def _headers_digest() -> str:
     return h.hexdigest()
 
 
-def compile_host(source: str, name: str = "kernel", *, werror: bool = False) -> Path:
-    """Path of the shared library built from ``source`` (built now unless cached).
-
-    ``werror`` turns warnings into errors (the tests build every kernel so).
-    """
+def compile_host(source: str, name: str = "kernel", *, options: CompileOptions | None = None) -> Path:
+    """Path of the shared library built from ``source`` with ``options`` (default: none asked; built now
+    unless cached)."""
     cxx = compiler()
-    flags = (*FLAGS, "-Werror") if werror else FLAGS
+    flags = host_flags(options or CompileOptions())
     key = [source, _headers_digest(), _version(cxx), " ".join(flags), platform.machine()]
     built = build_cached(source, name, key, (".cpp", ".so"), cache_dir(),
                          lambda src, out: [cxx, *flags, f"-I{RUNTIME_DIR}", str(src), "-o", str(out)])
@@ -100,6 +138,9 @@ def build_cached(source: str, name: str, key: list[str], suffixes: tuple[str, st
         if done.returncode != 0:
             raise InternalError(f"{Path(cmd[0]).name} failed on the generated kernel {name!r} (a polyfuse bug):\n"
                                 f"{done.stderr[-4000:]}")
+        if done.stderr.strip():
+            warnings.warn(CompilerWarning(f"{Path(cmd[0]).name} warned on the generated kernel {name!r} (it was "
+                                          f"built):\n{done.stderr[-4000:]}"), stacklevel=3)
         if not keep:
             return None
         os.replace(tmp_out, out)

@@ -21,6 +21,7 @@ import numpy as np
 from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.kernel import KernelBase
 from polyfuse.runtime.loaders import Loader
 
@@ -42,8 +43,9 @@ class _Device:
 class GpuKernel(KernelBase):
     """``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them."""
 
-    def __init__(self, source: KernelSource, image: Path, loader: Loader, sizes: Mapping[str, int] | None = None):
-        super().__init__(source, sizes)
+    def __init__(self, source: KernelSource, image: Path, loader: Loader, sizes: Mapping[str, int] | None = None,
+                 options: CompileOptions | None = None):
+        super().__init__(source, sizes, options)
         self.image = image
         self.loader = loader
         module = loader.load(image.read_bytes())

@@ -6,6 +6,14 @@ backend's (:func:`polyfuse.runtime.compiler.cache_dir`), keyed by the source, th
 headers, the compiler's version and the flags; concurrent builds are safe (temp file, then an
 atomic rename).  ``compile_only`` writes nothing to the cache and only checks that the source
 compiles, the path CI takes on machines with a compiler and no GPU.
+
+As on the host (:mod:`polyfuse.runtime.compiler`), no flag may change a result unless
+:class:`~polyfuse.runtime.compiler.CompileOptions` asks: nvcc contracts multiply-adds into FMAs
+by default (``-fmad=true``) and clang does for HIP (``-ffp-contract=fast``), so without
+``fp_contract`` they get ``-fmad=false`` and ``-ffp-contract=off``.  nvcc's other defaults are
+IEEE already (``-ftz=false -prec-div=true -prec-sqrt=true``; no ``-use_fast_math``).  The
+approximate ``__expf`` of 16-bit-output programs is a choice of the CUDA emitter, written in the
+source (``polyfuse.emit_cpp.cuda.FAST_EXP``), not a flag.
 """
 
 from __future__ import annotations
@@ -19,9 +27,10 @@ import tempfile
 from pathlib import Path
 
 from polyfuse.errors import BackendUnavailable
-from polyfuse.runtime.compiler import RUNTIME_DIR, build_cached, cache_dir
+from polyfuse.runtime.compiler import RUNTIME_DIR, CompileOptions, build_cached, cache_dir
 
-NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", "-Xptxas=-warn-spills")
+SPILLS = "-Xptxas=-warn-spills"
+NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", SPILLS)
 HIPCC_FLAGS = ("-std=c++17", "-O3", "--genco")
 
 
@@ -47,27 +56,36 @@ def _version(path: str) -> str:
     return out.stdout.strip() or path
 
 
-def command(backend: str, arch: str, source: Path, output: Path) -> list[str]:
-    """The compiler command line for ``backend`` (``cuda`` or ``hip``)."""
+def command(backend: str, arch: str, source: Path, output: Path, options: CompileOptions | None = None) -> list[str]:
+    """The compiler command line for ``backend`` (``cuda`` or ``hip``) with ``options`` (default: none asked)."""
+    options = options or CompileOptions()
     include = f"-I{RUNTIME_DIR}"
     if backend == "cuda":
-        return [nvcc(), *NVCC_FLAGS, f"-arch={arch}", include, str(source), "-o", str(output)]
+        # With werror every warning of the front end, the host compiler and ptxas is an error, except the
+        # register spills of -warn-spills: they are a performance report, not a fault of the source.
+        strict = (*(f for f in NVCC_FLAGS if f != SPILLS), "-Werror", "all-warnings")
+        flags = (*(strict if options.werror else NVCC_FLAGS), f"-fmad={'true' if options.fp_contract else 'false'}")
+        return [nvcc(), *flags, f"-arch={arch}", include, str(source), "-o", str(output)]
     if backend == "hip":
-        return [hipcc(), *HIPCC_FLAGS, f"--offload-arch={arch}", include, str(source), "-o", str(output)]
+        flags = (*HIPCC_FLAGS, f"-ffp-contract={'fast' if options.fp_contract else 'off'}",
+                 *(("-Werror",) if options.werror else ()))
+        return [hipcc(), *flags, f"--offload-arch={arch}", include, str(source), "-o", str(output)]
     raise BackendUnavailable(f"no GPU compiler for backend {backend!r}")
 
 
-def compile_gpu(text: str, name: str, backend: str, arch: str, *, compile_only: bool = False) -> Path | None:
-    """Path of the device code built from ``text`` (built now unless cached); None with ``compile_only``."""
-    probe = command(backend, arch, Path("in"), Path("out"))
+def compile_gpu(text: str, name: str, backend: str, arch: str, *, options: CompileOptions | None = None,
+                compile_only: bool = False) -> Path | None:
+    """Path of the device code built from ``text`` with ``options`` (built now unless cached); None with
+    ``compile_only``."""
+    probe = command(backend, arch, Path("in"), Path("out"), options)
     suffixes = (".cu", ".cubin") if backend == "cuda" else (".hip", ".hsaco")
     key = [text, _headers_digest(), _version(probe[0]), " ".join(probe[1:]), arch]
     # Debian's hipcc picks the NVIDIA platform when nvcc is installed too; HIP sources target AMD.
     env = {**os.environ, "HIP_PLATFORM": "amd"} if backend == "hip" else None
     directory = Path(tempfile.mkdtemp(prefix="polyfuse-")) if compile_only else cache_dir()
     try:
-        return build_cached(text, name, key, suffixes, directory, lambda src, out: command(backend, arch, src, out),
-                            env=env, keep=not compile_only)
+        return build_cached(text, name, key, suffixes, directory,
+                            lambda src, out: command(backend, arch, src, out, options), env=env, keep=not compile_only)
     finally:
         if compile_only:
             shutil.rmtree(directory, ignore_errors=True)

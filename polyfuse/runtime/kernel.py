@@ -16,6 +16,7 @@ import numpy as np
 
 from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
+from polyfuse.runtime.compiler import CompileOptions
 
 _DLPACK_CPU = 1
 
@@ -25,11 +26,14 @@ class KernelBase:
 
     ``kernel(*inputs, **sizes)`` returns the outputs; ``kernel(*inputs, *outputs)`` fills them.
     Several outputs come back as a tuple, one as an array.  ``sizes`` default to those bound at
-    build time and to what the input shapes say.  Subclasses implement :meth:`launch`.
+    build time and to what the input shapes say.  ``options`` are those it was compiled with.
+    Subclasses implement :meth:`launch`.
     """
 
-    def __init__(self, source: KernelSource, sizes: Mapping[str, int] | None = None):
+    def __init__(self, source: KernelSource, sizes: Mapping[str, int] | None = None,
+                 options: CompileOptions | None = None):
         self.kernel_source = source
+        self.options = options or CompileOptions()
         self.bound_sizes = dict(sizes or {})
         self.inputs = tuple(a for a in source.args if a.role == "input")
         self.outputs = tuple(a for a in source.args if a.role == "output")
@@ -91,8 +95,9 @@ class KernelBase:
 class Kernel(KernelBase):
     """A host kernel: one ctypes call of the C-ABI entry point (see :mod:`polyfuse.emit_cpp.host`)."""
 
-    def __init__(self, source: KernelSource, library: Path, sizes: Mapping[str, int] | None = None):
-        super().__init__(source, sizes)
+    def __init__(self, source: KernelSource, library: Path, sizes: Mapping[str, int] | None = None,
+                 options: CompileOptions | None = None):
+        super().__init__(source, sizes, options)
         self.library = library
         self._lib = ctypes.CDLL(str(library))
         self._fn = getattr(self._lib, source.entry)

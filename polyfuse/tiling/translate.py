@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from polyfuse.errors import UntileableNest
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, conjuncts
+from polyfuse.ir.empty import init_empty_reductions
 from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import BOUND, BUILTIN_REDUCERS, Block, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, substitute
@@ -36,7 +37,9 @@ _COMBINE_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
 
 def to_tiles(program: Program) -> TileProgram:
-    """Translate every tileable nest of ``program`` into tile statements (see module docstring)."""
+    """Translate every tileable nest of ``program`` into tile statements (see module docstring); the
+    reductions a loop of zero trips would skip get their init first (:mod:`polyfuse.ir.empty`)."""
+    program = init_empty_reductions(program)
     return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}))
 
 
