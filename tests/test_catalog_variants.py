@@ -3,9 +3,9 @@
 The input variants of :mod:`polyfuse.ops.variants` (rows that start with zeros, zero rows, ties,
 sorted rows, ±inf / NaN / huge / tiny entries) on every operator, mode and host backend: the plain
 program (``interp``) must agree with the float64 reference everywhere, special values included, and
-so must the fused program, its tile program and the generated C++ — except the cases of
-:data:`KNOWN_WRONG`, each marked a strict xfail with its reason, so that a fix shows as an XPASS
-that fails the suite until its entry is removed.
+so must the fused program, its tile program and the generated C++, and (on leading zeros) the fused
+program of the CUDA schedule — except the cases of :data:`KNOWN_WRONG`, each marked a strict xfail
+with its reason, so that a fix shows as an XPASS that fails the suite until its entry is removed.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from polyfuse.ops.variants import VARIANTS, Operand, apply_variant, leading_zero
 SEEDS = {"interp": (0, 1, 2), "fused": (0,), "tile": (0,), "cpp": (0, 1, 2)}
 """Seeds per host backend: the interpreters of fused and tile programs take a NumPy pass per step (about ten
 times the plain program's time), so they run one; the compiled kernel (built once) and the plain program three."""
+HOST_BACKENDS = tuple(SEEDS)
 REFUSED = {"quant_gemm_fp8": "rounded to fp8"}
 """Operators whose default schedule is refused (NoRepairFound), with a phrase of the reason."""
 
@@ -37,27 +38,27 @@ _ZERO_REPAIR = ("the repair t·r/r' divides by a running max or mass that is sti
                 "zeros (issue 20, class 1)")
 _MASKED_TILES = ("skip_masked_tiles leaves out the masked keys, whose weight 0 times an infinite v is NaN in the "
                  "plain program (0·inf)")
+GPU_SCHEDULE = "cuda-schedule"
+"""The fused program of the default CUDA schedule (GPU tiles), interpreted on the host: run on the leading_zeros
+inputs, whose zeros must cover a whole GPU tile."""
 KNOWN_WRONG: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
-    ("l2norm_stable", "default", "leading_zeros"): (("fused", "tile", "cpp"), _ZERO_REPAIR),
-    ("quant_gemm", "default", "leading_zeros"): (("fused", "tile", "cpp"), _ZERO_REPAIR),
-    ("inertia", "default", "leading_zeros"): (("fused", "tile", "cpp"), _ZERO_REPAIR),
+    ("l2norm_stable", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
+    ("quant_gemm", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
+    ("inertia", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
     **{(name, "prefill", "special"): (("tile", "cpp"), _MASKED_TILES)
        for name in ("attn_causal", "attn_alibi", "attn_gqa", "attn_softcap", "attn_window")},
 }
 """(operator, mode, variant) -> the backends that do not compute what the plain program does, and why."""
 
 
-def _cases() -> list:
-    cases = []
-    for name in ops.names():
-        for mode in ops.get(name).modes:
-            for backend in SEEDS:
-                for variant in VARIANTS:
-                    backends, reason = KNOWN_WRONG.get((name, mode, variant), ((), ""))
-                    marks = [pytest.mark.xfail(strict=True, reason=reason)] if backend in backends else []
-                    cases.append(pytest.param(name, mode, backend, variant, marks=marks,
-                                              id=f"{name}-{mode}-{backend}-{variant}"))
-    return cases
+def _case(name: str, mode: str, backend: str, variant: str):
+    """A test case, a strict xfail where :data:`KNOWN_WRONG` lists it."""
+    backends, reason = KNOWN_WRONG.get((name, mode, variant), ((), ""))
+    marks = [pytest.mark.xfail(strict=True, reason=reason)] if backend in backends else []
+    return pytest.param(name, mode, backend, variant, marks=marks, id=f"{name}-{mode}-{backend}-{variant}")
+
+
+SUBJECTS = [(name, mode) for name in ops.names() for mode in ops.get(name).modes]
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,6 @@ def host_kernel(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-
         kernels = {}
 
         def kernel(subject: Subject):
@@ -79,7 +79,9 @@ def host_kernel(tmp_path_factory):
         yield kernel
 
 
-@pytest.mark.parametrize(("name", "mode", "backend", "variant"), _cases())
+@pytest.mark.parametrize(("name", "mode", "backend", "variant"),
+                         [_case(*subject, backend, variant) for subject in SUBJECTS for backend in HOST_BACKENDS
+                          for variant in VARIANTS])
 def test_backend_agrees_with_the_reference_on_every_variant(name, mode, backend, variant, request):
     subject = Subject.of(name, mode, {})
     op = subject.op
@@ -96,6 +98,35 @@ def test_backend_agrees_with_the_reference_on_every_variant(name, mode, backend,
         inputs = op.inputs(seed, mode, subject.sizes, variant=variant)
         result = ops.compare(run(inputs), op.reference(inputs, mode, subject.sizes), tolerance)
         assert result.ok, f"{subject} {backend} inputs={variant} seed={seed}: {result.line()} ({result.worst})"
+
+
+@pytest.mark.parametrize(("name", "mode"), SUBJECTS)
+def test_plain_program_on_every_variant_at_every_magnitude(name, mode):
+    """The variants rewrite the draw of any magnitude (offsets of 1e4, logits of 1e4, values of 1e25 …)."""
+    subject = Subject.of(name, mode, {})
+    op = subject.op
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            inputs = op.inputs(0, mode, subject.sizes, magnitude, variant)
+            result = ops.compare(BACKENDS["interp"](subject, inputs), op.reference(inputs, mode, subject.sizes),
+                                 op.tolerance(mode, subject.sizes))
+            assert result.ok, f"{subject} magnitude={magnitude:g} inputs={variant}: {result.line()} ({result.worst})"
+
+
+@pytest.mark.parametrize(("name", "mode", "backend", "variant"),
+                         [_case(*subject, GPU_SCHEDULE, "leading_zeros") for subject in SUBJECTS])
+def test_gpu_schedule_agrees_on_leading_zeros(name, mode, backend, variant):
+    """The GPU schedules roll over tiles, not elements: the repair first meets a running value that is still 0
+    after a whole tile of zeros (quant_gemm K=256 with 64 leading zeros, issue 20)."""
+    subject = Subject.of(name, mode, {})
+    if name in REFUSED:
+        with pytest.raises(NoRepairFound, match=REFUSED[name]):
+            subject.schedule("cuda")
+        return
+    inputs = subject.op.inputs(0, mode, subject.sizes, variant=variant)
+    result = ops.compare(interpret(subject.schedule("cuda").program, inputs),
+                         subject.op.reference(inputs, mode, subject.sizes), subject.op.tolerance(mode, subject.sizes))
+    assert result.ok, f"{subject} {backend} inputs={variant}: {result.line()} ({result.worst})"
 
 
 # ------------------------------------------------------------------ what each variant does

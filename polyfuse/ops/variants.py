@@ -99,24 +99,36 @@ def special_kinds(operand: Operand) -> list[str | None]:
     return [k for k in kinds if k is not None] + [None]
 
 
-def _special(rows: np.ndarray, rng: np.random.Generator, operand: Operand) -> None:
-    kinds = special_kinds(operand)
-    dtype = rows.dtype
-    for name, value in (("huge", operand.huge), ("tiny", operand.tiny)):
+_NON_FINITE = {"+inf": np.inf, "-inf": -np.inf, "nan": np.nan}
+
+
+def _magnitudes(operand: Operand, dtype: np.dtype) -> dict[str, float]:
+    """The operand's huge and tiny magnitudes, refused unless ``dtype`` holds them as finite non-zero numbers."""
+    out = {}
+    for kind, value in (("huge", operand.huge), ("tiny", operand.tiny)):
+        if value is None:
+            continue
         with np.errstate(over="ignore"):
-            stored = dtype.type(value) if value is not None else None
-        if value is not None and not (np.isfinite(stored) and stored != 0):
-            raise PolyfuseError(f"operand {operand.name!r}: its {name} value {value:g} is not a finite, "
+            stored = dtype.type(value)
+        if not (np.isfinite(stored) and stored != 0):
+            raise PolyfuseError(f"operand {operand.name!r}: its {kind} value {value:g} is not a finite, "
                                 f"non-zero {dtype} number")
+        out[kind] = value
+    return out
+
+
+def _special(rows: np.ndarray, rng: np.random.Generator, operand: Operand) -> None:
+    """One entry of each row (at a random place) becomes the row's kind of :func:`special_kinds`; huge and
+    tiny entries keep the sign of the value they replace."""
+    kinds, magnitudes = special_kinds(operand), _magnitudes(operand, rows.dtype)
     for r in range(rows.shape[0]):
         kind = kinds[r % len(kinds)]
         j = int(rng.integers(rows.shape[-1]))
-        if kind in ("huge", "tiny"):
-            magnitude = operand.huge if kind == "huge" else operand.tiny
+        if kind in magnitudes:
             sign = 1.0 if operand.nonnegative else np.where(rows[r, :, j] < 0, -1.0, 1.0)
-            rows[r, :, j] = sign * magnitude
+            rows[r, :, j] = sign * magnitudes[kind]
         elif kind is not None:
-            rows[r, :, j] = {"+inf": np.inf, "-inf": -np.inf, "nan": np.nan}[kind]
+            rows[r, :, j] = _NON_FINITE[kind]
 
 
 VARIANTS: dict[str, InputVariant] = {v.name: v for v in (
@@ -133,15 +145,15 @@ VARIANTS: dict[str, InputVariant] = {v.name: v for v in (
 def _as_rows(array: np.ndarray, operand: Operand) -> tuple[np.ndarray, list[int], tuple[int, ...]]:
     """A copy of ``array`` shaped (rows, shared, row length), and how to move it back."""
     ndim = array.ndim
-    axes = [a % ndim for a in (*operand.shared, operand.axis)]
-    if len(set(axes)) != len(axes) or not -ndim <= operand.axis < ndim:
+    named = (*operand.shared, operand.axis)
+    axes = [a % ndim for a in named if -ndim <= a < ndim]
+    if len(set(axes)) != len(named):
         raise PolyfuseError(f"operand {operand.name!r}: axis {operand.axis} and shared axes {operand.shared} "
                             f"do not fit its {ndim} dimensions")
     order = [a for a in range(ndim) if a not in axes] + axes
     moved = np.moveaxis(array, order, range(ndim))
-    n = moved.shape[-1] if ndim else 1
-    shared = int(np.prod(moved.shape[len(order) - len(axes):-1], dtype=np.int64))
-    return moved.reshape(-1, shared, n).copy(), order, moved.shape
+    shared = int(np.prod(moved.shape[ndim - len(axes):-1], dtype=np.int64))
+    return moved.reshape(-1, shared, moved.shape[-1]).copy(), order, moved.shape
 
 
 def apply_variant(name: str, arrays: Mapping[str, np.ndarray], operands: tuple[Operand, ...], *,
