@@ -55,10 +55,10 @@ class InputVariant:
 def leading_zero_counts(n: int) -> list[int]:
     """How many leading zeros the rows of length ``n`` get, row after row (cyclically).
 
-    First half the row (rounded up): every rolling loop of a default GPU schedule steps over tiles of
-    at most half the row (``schedules._fit``), so its whole first tile is zero.  Then all but the last
-    element, then every power of two below ``n``, so that some row is zero over exactly one tile
-    whatever the (power-of-two) tile size.
+    First half the row (rounded up): once a row spans 32 elements, the rolling loops of the default GPU
+    schedules step over at most half of it (``schedules._fit``), so their whole first tile is zero.  Then
+    all but the last element (any shorter row's tile), then every power of two below ``n``, so that some
+    row is zero over exactly one tile whatever the (power-of-two) tile size.
     """
     counts = [(n + 1) // 2, n - 1] + [1 << k for k in range(max(n - 1, 1).bit_length()) if (1 << k) < n]
     return list(dict.fromkeys(c for c in counts if c >= 1)) or [n]
@@ -76,8 +76,8 @@ def _zero_rows(rows: np.ndarray, rng: np.random.Generator, operand: Operand) -> 
 
 def _ties(rows: np.ndarray, rng: np.random.Generator, operand: Operand) -> None:
     """Each row becomes its own smallest and largest element (by the sum over shared axes), half and half
-    in random order: the maximum repeats, and the row's variance is (max - min)²/4, at least its own
-    (Popoviciu), so a tolerance that relies on the spread of the random values still holds."""
+    in random order: the maximum repeats, and the row's variance is (max - min)²/4 (for an even length),
+    at least its own (Popoviciu), so a tolerance that relies on the spread of the random values holds."""
     n = rows.shape[-1]
     for r in range(rows.shape[0]):
         key = rows[r].sum(axis=0)
