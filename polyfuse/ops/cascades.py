@@ -333,8 +333,8 @@ register(Operator(
                    "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude). Input "
                    "variants add no huge entries (only tiny ones), so the bounds on |q|, |k|, |v| and |P| hold.",
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
-    operands=(*(Operand(n, axis=2, shared=(3,), tiny=2.0 ** -100) for n in ("q", "k", "v")),
-              Operand("proj", axis=0, shared=(1,), tiny=2.0 ** -100)),
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
     magnitudes=PERFORMER_MAGNITUDES,
+    operands=(*(Operand(n, axis=2, shared=(3,), tiny=2.0 ** -100) for n in ("q", "k", "v")),
+              Operand("proj", axis=0, shared=(1,), tiny=2.0 ** -100)),
 ))
