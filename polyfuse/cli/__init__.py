@@ -16,6 +16,7 @@ from polyfuse import __version__
 from polyfuse.cli import commands, demo
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, PolyfuseError
+from polyfuse.ops.variants import VARIANTS
 
 EXIT_REFUSED, EXIT_UNAVAILABLE = 3, 4
 
@@ -78,6 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("op", help="operator name")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="interp", help="default: interp")
     _magnitude(p)
+    p.add_argument("--inputs", choices=tuple(VARIANTS), default="random", metavar="VARIANT",
+                   help="rewrite the random inputs: " + "; ".join(f"{v.name}: {v.description}"
+                                                                 for v in VARIANTS.values())
+                        + " (default random)")
     p.set_defaults(run=commands.check)
 
     p = sub.add_parser("dump", help="print the stages of your own program", parents=[common])

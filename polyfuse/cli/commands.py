@@ -82,9 +82,10 @@ def explain(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     require_backend(args.backend)
     subject = subject_of(args)
-    print(f"{subject} backend={args.backend} seed={args.seed} magnitude={args.magnitude:g}")
+    print(f"{subject} backend={args.backend} seed={args.seed} magnitude={args.magnitude:g} inputs={args.inputs}")
     print(f"tolerance: {subject.op.tolerance_note}")
-    result = check_backend(subject, args.backend, seed=args.seed, magnitude=args.magnitude).comparison
+    result = check_backend(subject, args.backend, seed=args.seed, magnitude=args.magnitude,
+                           variant=args.inputs).comparison
     if not result.ok:
         print(f"worst: {result.worst}")
     print(result.line())

@@ -171,13 +171,15 @@ class CheckResult:
     seconds: float
 
 
-def check_backend(subject: Subject, backend: str, *, seed: int, magnitude: float) -> CheckResult:
-    """Run ``subject`` on ``backend`` with random inputs and compare with the reference.
+def check_backend(subject: Subject, backend: str, *, seed: int, magnitude: float,
+                  variant: str = "random") -> CheckResult:
+    """Run ``subject`` on ``backend`` with random inputs (rewritten by the input ``variant``, see
+    :mod:`polyfuse.ops.variants`) and compare with the reference.
 
     ``seconds`` is the wall time of the backend alone (not inputs or reference).
     """
     run = require_backend(backend)
-    inputs = subject.op.inputs(seed, subject.mode, subject.sizes, magnitude)
+    inputs = subject.op.inputs(seed, subject.mode, subject.sizes, magnitude, variant)
     start = time.perf_counter()
     results = run(subject, inputs)
     seconds = time.perf_counter() - start

@@ -47,8 +47,8 @@ from polyfuse.ir.dtypes import f16, f32
 from polyfuse.ir.expr import INF, Expr, cast, exp, logical_or, tanh
 from polyfuse.ir.stmt import Program
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes
-from polyfuse.ops.softmax import CONTRACTED
+from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.variants import Operand
 
 V_MAX = 1.0
 """``make_inputs`` draws v from U(-V_MAX, V_MAX); the output is a convex combination of v rows."""
@@ -187,6 +187,7 @@ def _score(variant: Variant, d: Dims, qk: Expr, h: Expr, i: Expr, j: Expr) -> Ex
 
 # ------------------------------------------------------------------ NumPy side
 
+@ieee_reference
 def reference(name: str, variant: Variant, inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     """Masked, max-subtracted softmax attention in float64, straight from the math."""
     d = dims_of(name, variant, mode, sizes)
@@ -213,6 +214,9 @@ def reference(name: str, variant: Variant, inputs: Arrays, mode: str, sizes: Siz
         hidden |= pos - key >= d.W
     p = np.where(hidden, -np.inf, p)
     e = np.exp(p - p.max(axis=-1, keepdims=True))
+    # A weight below f32's range is 0 in the program (its weights are f32): an infinite value at such a
+    # key then gives 0·inf = NaN there, and must here too.
+    e = np.where(e.astype(np.float32) == 0, 0.0, e)
     return {"out": np.einsum("bhij,bhjd->bhid", e, v) / e.sum(axis=-1)[..., None]}
 
 
@@ -271,8 +275,29 @@ TOLERANCE_NOTE = (
     "x = s_j - max; with ∂out/∂p_j <= 2·max|v| / Σp and Σp >= 1 that is <= 0.87·Skv·2^-23; "
     "weights under 2^-126 flush to 0, which is far below; at magnitude 1e4 the logits are exact in f32 only "
     "because inputs lie on a grid and the test D makes 1/sqrt(D) a power of two: otherwise f32 rounding of "
-    "logits near 1e4 (~1e-3) moves rows whose two largest logits nearly tie by up to ~2e-3·max|v|."
+    "logits near 1e4 (~1e-3) moves rows whose two largest logits nearly tie by up to ~2e-3·max|v|. "
+    "Input variants keep these bounds: v gets no huge entries (|v| <= V_MAX), and the special variant's huge "
+    "entries (2^8: one q component, or a whole k vector) keep q·k exact on the grid (at most 21 significant "
+    "bits), so its logits near ±100 add no rounding."
 ) + CONTRACTED
+
+
+HUGE_QK = 2.0 ** 8
+"""The ``special`` variant's huge q entries and k vectors: logits near ±100 (beyond exp's f32 range without
+the max subtraction) that stay exact in f32 on the input grid, as the tolerance note asks."""
+TINY16 = 2.0 ** -20
+"""The ``special`` variant's tiny entries: an f16 subnormal."""
+
+
+def operands(variant: Variant) -> tuple[Operand, ...]:
+    """What input variants rewrite: the components of each query (rows along d), and whole key and value
+    vectors along the keys (a zero key is a zero vector).  v gets no huge entries: out's tolerance is in
+    units of V_MAX; nor does MLA's kv, whose latent part is v."""
+    q = Operand("q", axis=3, huge=HUGE_QK, tiny=TINY16)
+    if variant.latent_kv:
+        return q, Operand("kv", axis=2, shared=(3,), tiny=TINY16)
+    return (q, Operand("k", axis=2, shared=(3,), huge=HUGE_QK, tiny=TINY16),
+            Operand("v", axis=2, shared=(3,), tiny=TINY16))
 
 
 # ------------------------------------------------------------------ the catalog
@@ -317,6 +342,7 @@ def _attention(name: str, description: str, variant: Variant, defaults: dict[str
         presets=presets,
         modes=modes,
         magnitudes=(1.0, LARGE_MAGNITUDE),
+        operands=operands(variant),
     ))
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 
@@ -9,9 +10,20 @@ import numpy as np
 
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir.stmt import Program
+from polyfuse.ops.variants import Operand, apply_variant
 
 Sizes = dict[str, int]
 Arrays = dict[str, np.ndarray]
+
+
+def ieee_reference(reference: Callable[..., Arrays]) -> Callable[..., Arrays]:
+    """Marks a reference that meets NaN and inf where the program does (input variants put ±inf and NaN
+    in the inputs, and rows of zeros give 0/0): it computes them silently, as the program does."""
+    @functools.wraps(reference)
+    def quiet(*args: object, **kwargs: object) -> Arrays:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return reference(*args, **kwargs)
+    return quiet
 
 
 @dataclass(frozen=True)
@@ -24,6 +36,7 @@ class Operator:
     - ``reference(inputs, mode, sizes) -> {output name: float64 array}``: NumPy in float64.
     - ``tolerance(mode, sizes) -> {output name: (atol, rtol)}`` with the reason in ``tolerance_note``.
     - ``defaults[mode]``: small test sizes; ``presets[mode]``: benchmark sizes (model shapes).
+    - ``operands``: the inputs that input variants (:mod:`polyfuse.ops.variants`) rewrite: the reduced ones.
     """
 
     name: str
@@ -37,6 +50,7 @@ class Operator:
     presets: Mapping[str, Sizes] = field(default_factory=dict)
     modes: tuple[str, ...] = ("default",)
     magnitudes: tuple[float, ...] = (1.0,)
+    operands: tuple[Operand, ...] = ()
 
     def mode_or_default(self, mode: str | None) -> str:
         if mode is None:
@@ -62,9 +76,11 @@ class Operator:
         return self.build(m, self.sizes(m, sizes))
 
     def inputs(self, seed: int = 0, mode: str | None = None, sizes: Mapping[str, int] | None = None,
-               magnitude: float = 1.0) -> Arrays:
+               magnitude: float = 1.0, variant: str = "random") -> Arrays:
+        """Random inputs (``seed``, ``magnitude``) rewritten by the input ``variant`` (``variants.VARIANTS``)."""
         m = self.mode_or_default(mode)
-        return self.make_inputs(np.random.default_rng(seed), m, self.sizes(m, sizes), magnitude)
+        arrays = self.make_inputs(np.random.default_rng(seed), m, self.sizes(m, sizes), magnitude)
+        return apply_variant(variant, arrays, self.operands, seed=seed, op=self.name)
 
 
 @dataclass(frozen=True)
@@ -86,7 +102,9 @@ def compare(results: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarra
             tolerance: Mapping[str, tuple[float, float]]) -> Comparison:
     """Elementwise ``|out - ref| <= atol + rtol·|ref|`` for every output; NaN/inf must match exactly.
 
-    ``max_rel_err`` is ``|out - ref| / max(|ref|, atol)`` so that it is meaningful near zero.
+    ``max_rel_err`` is ``|out - ref| / max(|ref|, atol)`` so that it is meaningful near zero.  A
+    non-finite result where the reference is finite is an infinite error; ``worst`` names the first
+    mismatch of special values with both values.
     """
     max_abs = max_rel = 0.0
     ok = True
@@ -102,21 +120,26 @@ def compare(results: Mapping[str, np.ndarray], reference: Mapping[str, np.ndarra
         atol, rtol = tolerance[name]
         tols.append(f"{name}:{atol:.0e}+{rtol:.0e}*|ref|" if len(reference) > 1 else f"{atol:.0e}+{rtol:.0e}*|ref|")
         finite = np.isfinite(ref)
-        same_special = np.all((out[~finite] == ref[~finite]) | (np.isnan(out[~finite]) & np.isnan(ref[~finite])))
-        if not same_special or not np.all(np.isfinite(out[finite])):
+        special = ~np.isfinite(out) | ~finite
+        same = (out == ref) | (np.isnan(out) & np.isnan(ref))
+        if np.any(special & ~same):
+            i = int(np.flatnonzero((special & ~same).ravel())[0])
             ok = False
-            worst = f"{name}: non-finite values differ from the reference"
-        err = np.abs(out[finite] - ref[finite])
+            worst = worst or f"{name}: {out.ravel()[i]} where the reference is {ref.ravel()[i]} at flat index {i}"
+        with np.errstate(invalid="ignore"):
+            err = np.abs(out[finite] - ref[finite])
+        err[np.isnan(err)] = np.inf
         if err.size:
             bound = atol + rtol * np.abs(ref[finite])
             with np.errstate(invalid="ignore", divide="ignore"):
                 rel = np.where(err == 0, 0.0, err / np.maximum(np.abs(ref[finite]), atol))
-            a, r = float(np.nanmax(err)), float(np.nanmax(rel))
+            a, r = float(np.max(err)), float(np.max(rel))
             if a > max_abs:
                 max_abs, worst = a, worst or name
             max_rel = max(max_rel, r)
-            if np.any(~(err <= bound)):
+            if np.any(~(err <= bound)) and np.all(np.isfinite(err)):
                 ok = False
                 i = int(np.argmax(err / bound))
-                worst = f"{name}: err {err[i]:.3e} > {bound[i]:.3e} at flat index {i}"
+                at = int(np.flatnonzero(finite.ravel())[i])
+                worst = f"{name}: err {err[i]:.3e} > {bound[i]:.3e} at flat index {at}"
     return Comparison(max_abs, max_rel, ",".join(tols), ok, worst)

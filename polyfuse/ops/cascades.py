@@ -16,7 +16,8 @@ import numpy as np
 from polyfuse.ir import ProgramBuilder, cast, eq, exp, maximum, reduce, select
 from polyfuse.ir.stmt import Program
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes
+from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.variants import Operand
 from polyfuse.ops.softmax import CONTRACTED, FN32, TINY32, U32, max_exp_sum
 
 # ------------------------------------------------------------------ moe_routing
@@ -59,12 +60,23 @@ def make_moe_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitude
     return {"x": x.astype(np.float32), "w": w.astype(np.float32)}
 
 
+@ieee_reference
 def ref_moe_routing(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
+    """Softmax statistics and the top-k by rank, as the program defines them.
+
+    The rank of logit e counts the logits ahead of it (larger, or equal at a lower index): for finite
+    logits that is the stable descending order, and slot kk holds the one logit of rank kk.  A NaN logit
+    compares false with everything, so ranks repeat (or are missing) and, as in the program, slot kk
+    sums the logits and indices of rank kk (0 where none has it).
+    """
     z = inputs["x"].astype(np.float64) @ inputs["w"].astype(np.float64)
     m = z.max(axis=1, keepdims=True)
     s = np.exp(z - m).sum(axis=1, keepdims=True)
-    topi = np.argsort(-z, axis=1, kind="stable")[:, :sizes["K"]]
-    return {"probs": np.exp(np.take_along_axis(z, topi, axis=1) - m) / s, "topi": topi}
+    experts = np.arange(z.shape[1])
+    ahead = (z[:, None, :] > z[:, :, None]) | ((z[:, None, :] == z[:, :, None]) & (experts < experts[:, None]))
+    slot = ahead.sum(axis=2)[:, None, :] == np.arange(sizes["K"])[None, :, None]  # [S, K, E]
+    topv = np.where(slot, z[:, None, :], 0.0).sum(axis=2)
+    return {"probs": np.exp(topv - m) / s, "topi": np.where(slot, experts, 0).sum(axis=2)}
 
 
 def tol_moe_routing(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
@@ -82,10 +94,13 @@ register(Operator(
                    "are exact in f32 and topi must equal the stable descending argsort exactly (atol 0.5 on "
                    "integers). probs: each exp(z - m) is within 8·U32 (4 ulp), their sum of E positive terms adds "
                    "(E - 1)·U32, exp of the top value 8·U32 and the division U32: rtol = (E - 1)·U32 + 16·U32 + "
-                   "U32; atol = smallest normal f32 for probabilities that underflow." + CONTRACTED,
+                   "U32; atol = smallest normal f32 for probabilities that underflow. Input variants keep the "
+                   "grid (zeros, repeats, sorting, and the special variant's huge entries 2^10), so logits stay "
+                   "exact." + CONTRACTED,
     defaults={"default": {"S": 8, "HD": 24, "E": 12, "K": 2}},
     presets={"default": {"S": 4096, "HD": 4096, "E": 64, "K": 8}},
     magnitudes=(1.0, 1e4),
+    operands=(Operand("x", axis=1, huge=2.0 ** 10), Operand("w", axis=1, shared=(0,), huge=2.0 ** 10)),
 ))
 
 
@@ -128,12 +143,14 @@ def make_quant_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnitu
     return {"A": a.astype(np.float32), "W": w.astype(np.float32)}
 
 
+@ieee_reference
 def ref_quant_gemm(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     a = inputs["A"].astype(np.float64)
     scaled = FP8_MAX * a / np.abs(a).max(axis=1, keepdims=True)
     return {"C": scaled @ inputs["W"].astype(np.float64)}
 
 
+@ieee_reference
 def ref_quant_gemm_fp8(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     """The quantised operand is fp8(f32(448·A) / max|A|), scaled in f32 as a kernel does, then
     rounded to float8 e4m3 by ml_dtypes; the GEMM on it is exact in float64."""
@@ -159,6 +176,7 @@ def tol_quant_gemm_fp8(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]
 _QUANT_SIZES = {"default": {"M": 8, "K": 40, "N": 12}}
 _QUANT_PRESETS = {"default": {"M": 4096, "K": 4096, "N": 4096}}
 _QUANT_MAGNITUDES = (1.0, 1e30, 1e-30)
+_QUANT_OPERANDS = (Operand("A", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
 _QUANT_NOTE = ("C = Σ_k q·W is a sum of K mixed-sign terms with |q| <= 448 and |W| <= 1/sqrt(K), so "
                "Σ_k |q·W| <= 448·sqrt(K) whatever A's magnitude; a sequential f32 sum adds (K - 1)·U32 of it. ")
 
@@ -168,7 +186,7 @@ register(Operator(
     build=build_quant_gemm, make_inputs=make_quant_inputs, reference=ref_quant_gemm, tolerance=tol_quant_gemm,
     tolerance_note=_QUANT_NOTE + "Each term carries 3 roundings (448·A, /m, ·W): atol = (K + 2)·U32·448·"
                                  "sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
-    defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES,
+    defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
 ))
 
 register(Operator(
@@ -179,7 +197,7 @@ register(Operator(
     tolerance_note=_QUANT_NOTE + "The reference rounds the same f32 value 448·A/m to fp8 e4m3 (ml_dtypes), so "
                                  "the quantised operands agree exactly; each term then carries one rounding (·W): "
                                  "atol = K·U32·448·sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
-    defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES,
+    defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
 ))
 
 
@@ -274,6 +292,7 @@ def make_performer_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, mag
     return qkv | {"proj": proj.astype(np.float32)}
 
 
+@ieee_reference
 def ref_performer(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     """performer-pytorch's softmax_kernel (eps = 0) and non-causal linear_attention, in float64."""
     q, k, v, proj = (inputs[n].astype(np.float64) for n in ("q", "k", "v", "proj"))
@@ -311,8 +330,11 @@ register(Operator(
                    "argument dash - β|q|² - max by e = (2D + 6)·U32·S + (D + 3)·U32·β·D, so q' and k' are off "
                    "by ε = e + 8·U32 + 2·U32 relatively. out is a convex combination of v rows (|v| <= 1) with "
                    "weights q'·k'/Σ: atol = 4ε + 2(L + F + 1)·U32 (numerator and denominator sums over L and F), "
-                   "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude)." + CONTRACTED,
+                   "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude). Input "
+                   "variants add no huge entries (only tiny ones), so the bounds on |q|, |k|, |v| and |P| hold." + CONTRACTED,
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
     magnitudes=PERFORMER_MAGNITUDES,
+    operands=(*(Operand(n, axis=2, shared=(3,), tiny=2.0 ** -100) for n in ("q", "k", "v")),
+              Operand("proj", axis=0, shared=(1,), tiny=2.0 ** -100)),
 ))

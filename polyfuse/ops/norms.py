@@ -18,7 +18,8 @@ from polyfuse.ir import ProgramBuilder, maximum, reduce, sqrt
 from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes
+from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.variants import Operand
 from polyfuse.ops.softmax import CONTRACTED, TINY32, U32
 
 SPREAD = math.sqrt(3.0)
@@ -55,8 +56,13 @@ def make_l2norm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magnit
     return {"x": _normal_rows(rng, sizes, magnitude)}
 
 
+@ieee_reference
 def ref_l2norm_stable(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
-    return {"out": np.sqrt(np.sum(inputs["x"].astype(np.float64) ** 2, axis=1))}
+    """The program's formula m·sqrt(Σ (x/m)²) in float64: equal to sqrt(Σ x²) where that is finite, and like the
+    program NaN for a row of zeros (0·sqrt(0/0)), or with an infinite entry (inf/inf)."""
+    x = inputs["x"].astype(np.float64)
+    m = np.max(np.abs(x), axis=1, keepdims=True)
+    return {"out": m[:, 0] * np.sqrt(np.sum((x / m) ** 2, axis=1))}
 
 
 def tol_l2norm_stable(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
@@ -74,6 +80,7 @@ register(Operator(
                    "m·sqrt(s) adds U32: rtol = ((M + 2)/2 + 2)·U32. All values are positive, so no cancellation; "
                    "atol = smallest normal f32." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30),
+    operands=(Operand("x", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),),
 ))
 
 
@@ -103,6 +110,7 @@ def make_rmsnorm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magni
     return {"x": _normal_rows(rng, sizes, magnitude)}
 
 
+@ieee_reference
 def ref_rmsnorm_amax(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     x = inputs["x"].astype(np.float64)
     y = x / np.sqrt(np.mean(x * x, axis=1, keepdims=True) + RMS_EPS)
@@ -124,8 +132,9 @@ register(Operator(
                    "roundings and eps's f32 rounding at most one more; sqrt halves and adds U32; the division U32: "
                    "rtol = ((M + 3)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
                    "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
-                   "for |x| >~ 1e18, so magnitudes stop at 1e15." + CONTRACTED,
+                   "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15),
+    operands=(Operand("x", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100),),
 ))
 
 
@@ -155,6 +164,7 @@ def make_sum_sum_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magni
     return {"x1": x1.astype(np.float32), "x2": rng.uniform(-1.0, 1.0, shape).astype(np.float32)}
 
 
+@ieee_reference
 def ref_sum_sum(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     x1, x2 = inputs["x1"].astype(np.float64), inputs["x2"].astype(np.float64)
     m = np.sum(x1 * x1, axis=1)
@@ -176,9 +186,11 @@ register(Operator(
                    "product and the division each term of s is off by <= (5.5M + 3.5)·U32 and the sum of M "
                    "mixed-sign terms adds (M - 1)·U32·Σ|terms|. By Cauchy-Schwarz Σ|x1·x2|/sqrt(max(m-10, 1)) "
                    "<= sqrt(11)·|x2|_2 <= sqrt(11·M) (|x2| <= 1, any x1 magnitude): atol = (6.5M + 2.5)·U32·"
-                   "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18."
-                   + CONTRACTED,
+                   "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18 "
+                   "(the special variant's huge x1 entries are 2^48); x2 gets no huge entries, since |x2| <= 1 "
+                   "is part of the bound." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15),
+    operands=(Operand("x1", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100), Operand("x2", axis=1, tiny=2.0 ** -100)),
 ))
 
 
@@ -208,6 +220,7 @@ def make_variance_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magn
     return {"x": x.astype(np.float32)}
 
 
+@ieee_reference
 def ref_variance(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     return {"var": np.var(inputs["x"].astype(np.float64), axis=1)}
 
@@ -230,9 +243,11 @@ register(Operator(
     tolerance_note="f32, U32 = 2^-24 per rounding. The mean is off by δ <= L·U32·max|x| (x/L and the sum); "
                    "Σ(x - mean)²/L then equals (var + δ²) up to 4 roundings per term and L - 1 for the sum of "
                    "positive terms: rtol = (L + 3)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
-                   "(tolerance does not see the magnitude, so it covers the largest)." + CONTRACTED,
+                   "(tolerance does not see the magnitude, so it covers the largest; the special variant's huge "
+                   "entries, 2^13, are within it)." + CONTRACTED,
     defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}},
     magnitudes=VARIANCE_OFFSETS,
+    operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))
 
 
@@ -274,6 +289,7 @@ def make_inertia_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, magni
     return {"w": w.astype(np.float32), "x": x.astype(np.float32)}
 
 
+@ieee_reference
 def ref_inertia(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     w, x = inputs["w"].astype(np.float64), inputs["x"].astype(np.float64)
     c = np.einsum("bn,bnc->bc", w, x) / w.sum(axis=1)[:, None]
@@ -296,9 +312,13 @@ register(Operator(
                    "parallel axes), computed with 6 roundings per term (a rounded difference counts twice once "
                    "squared, the square, 2 additions, w·) and N - 1 for the positive sum: rtol = (N + 5)·U32, "
                    "atol = 2·M·|δc|² <= 2·1.5N·3·(2N·U32·max|x|)² with max|x| = max offset (1e3) + sqrt 3 "
-                   "(tolerance does not see the magnitude, so it covers the largest)." + CONTRACTED,
+                   "(tolerance does not see the magnitude, so it covers the largest). Input variants keep both "
+                   "bounds: masses only become 0, tiny, +inf or NaN, and the special variant's huge positions "
+                   "are 2^9." + CONTRACTED,
     defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
     magnitudes=INERTIA_OFFSETS,
+    operands=(Operand("w", axis=1, nonnegative=True, tiny=2.0 ** -100),
+              Operand("x", axis=1, shared=(2,), huge=2.0 ** 9, tiny=2.0 ** -100)),
 ))
 
 
@@ -331,6 +351,7 @@ def make_layernorm_inputs(rng: np.random.Generator, mode: str, sizes: Sizes, mag
     return {"x": x.astype(np.float32)}
 
 
+@ieee_reference
 def ref_layernorm_stats(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     x = inputs["x"].astype(np.float64)
     mean, var = x.mean(axis=1), x.var(axis=1)
@@ -357,6 +378,11 @@ register(Operator(
                    "difference is exact up to δ and 1/sqrt(var + eps) <= 2 for these draws (atol 2δ), the "
                    "relative error of var + eps is halved by sqrt, plus sqrt, the division and the subtraction: "
                    "rtol ((M + 4)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
-                   "magnitude, so it covers the largest)." + CONTRACTED,
+                   "magnitude, so it covers the largest). Input variants: a ties row has variance (max - min)²/4, "
+                   "at least its own, monotone rows keep their values, huge entries (2^13) stay within max|x|; "
+                   "a zero row is exact, and a row of m values (mean μ) after M - m zeros has a mean off by at "
+                   "most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: U32·|x|/M against x²/M), "
+                   "so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the offset." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS,
+    operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))

@@ -25,7 +25,8 @@ import numpy as np
 from polyfuse.ir import ProgramBuilder, exp, log, maximum, reduce
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes
+from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.variants import Operand
 
 U32 = 2.0 ** -24
 """Unit roundoff of f32: the relative error of one correctly rounded operation."""
@@ -118,15 +119,18 @@ def _row_stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return m, e, e.sum(axis=1)
 
 
+@ieee_reference
 def ref_softmax_sum(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     return {"xsum": _row_stats(inputs["inp"])[2]}
 
 
+@ieee_reference
 def ref_softmax(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     _, e, s = _row_stats(inputs["inp"])
     return {"y": e / s[:, None]}
 
 
+@ieee_reference
 def ref_logsumexp(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
     m, _, s = _row_stats(inputs["inp"])
     return {"out": m + np.log(s)}
@@ -153,6 +157,9 @@ _SUM_NOTE = ("f32, U32 = 2^-24 per rounding, exp/log <= 4 ulp (8·U32). s = Σ_j
              "non-negative terms and s >= 1: each term is off by <= 8·U32·term + U32/e absolutely and "
              "the sequential sum by (M - 1)·U32·s, so rel(s) <= 8·U32 + (M/e + M - 1)·U32. ")
 
+_LOGITS = (Operand("inp", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
+"""Input variants rewrite the rows of ``inp``; a huge logit of 2^100 leaves every other term exp(x - m) = 0."""
+
 _SIZES = {"default": {"N": 8, "M": 40}}
 _PRESETS = {"default": {"N": 4096, "M": 4096}}
 
@@ -161,7 +168,7 @@ register(Operator(
     description="Neptune Fig. 1a: xmax = max_j inp, xsum = Σ_j exp(inp - xmax) over rows of inp[N, M]",
     build=build_softmax_sum, make_inputs=make_logits, reference=ref_softmax_sum, tolerance=tol_softmax_sum,
     tolerance_note=_SUM_NOTE + "atol = smallest normal f32." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
 ))
 
 register(Operator(
@@ -171,7 +178,7 @@ register(Operator(
     tolerance_note=_SUM_NOTE + "y = exp(x - m)/s adds (|x - m| + 8)·U32 for the rounded argument "
                "(|x - m| <= 88 while y is a normal f32; below that atol = smallest normal f32 covers it) "
                "and U32 for the division." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
 ))
 
 register(Operator(
@@ -180,5 +187,5 @@ register(Operator(
     build=build_logsumexp, make_inputs=make_logits, reference=ref_logsumexp, tolerance=tol_logsumexp,
     tolerance_note=_SUM_NOTE + "log s is then off by rel(s) + 8·U32·log(M) absolutely (1 <= s <= M), "
                "which is atol; rtol = U32 for the final addition m + log s." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
 ))
