@@ -48,6 +48,7 @@ from polyfuse.ir.expr import INF, Expr, cast, exp, logical_or, tanh
 from polyfuse.ir.stmt import Program
 from polyfuse.ops import register
 from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.softmax import CONTRACTED
 from polyfuse.ops.variants import Operand
 
 V_MAX = 1.0

@@ -331,7 +331,8 @@ register(Operator(
                    "by ε = e + 8·U32 + 2·U32 relatively. out is a convex combination of v rows (|v| <= 1) with "
                    "weights q'·k'/Σ: atol = 4ε + 2(L + F + 1)·U32 (numerator and denominator sums over L and F), "
                    "rtol = 0, at the largest projection magnitude (tolerance does not see the magnitude). Input "
-                   "variants add no huge entries (only tiny ones), so the bounds on |q|, |k|, |v| and |P| hold." + CONTRACTED,
+                   "variants add no huge entries (only tiny ones), so the bounds on |q|, |k|, |v| and |P| hold."
+                   + CONTRACTED,
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
     magnitudes=PERFORMER_MAGNITUDES,

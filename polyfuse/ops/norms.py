@@ -132,7 +132,8 @@ register(Operator(
                    "roundings and eps's f32 rounding at most one more; sqrt halves and adds U32; the division U32: "
                    "rtol = ((M + 3)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
                    "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
-                   "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48." + CONTRACTED,
+                   "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48."
+                   + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15),
     operands=(Operand("x", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100),),
 ))
