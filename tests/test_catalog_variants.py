@@ -4,8 +4,8 @@ The input variants of :mod:`polyfuse.ops.variants` (rows that start with zeros, 
 sorted rows, ±inf / NaN / huge / tiny entries) on every operator, mode and host backend: the plain
 program (``interp``) must agree with the float64 reference everywhere, special values included, and
 so must the fused program, its tile program and the generated C++, and (on leading zeros) the fused
-program of the CUDA schedule — except the cases of :data:`KNOWN_WRONG`, each marked a strict xfail
-with its reason, so that a fix shows as an XPASS that fails the suite until its entry is removed.
+program of the CUDA schedule.  Inputs that an operator declares (masses ``sign="nonnegative"``, the
+masked attention variants' data ``finite=True``) get variants within the declaration.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from polyfuse.cli.stages import BACKENDS, Subject
 from polyfuse.errors import NoRepairFound, PolyfuseError
 from polyfuse.ir import interpret
 from polyfuse.ops import schedules
-from polyfuse.ops.variants import VARIANTS, Operand, apply_variant, leading_zero_counts, special_kinds
+from polyfuse.ops.variants import VARIANTS, Operand, apply_variant, declared, leading_zero_counts, special_kinds
 
 SEEDS = {"interp": (0, 1, 2), "fused": (0,), "tile": (0,), "cpp": (0, 1, 2)}
 """Seeds per host backend: the interpreters of fused and tile programs take a NumPy pass per step (about ten
@@ -34,28 +34,9 @@ HOST_BACKENDS = tuple(SEEDS)
 REFUSED = {"quant_gemm_fp8": "rounded to fp8"}
 """Operators whose default schedule is refused (NoRepairFound), with a phrase of the reason."""
 
-_ZERO_REPAIR = ("the repair t·r/r' divides by a running max or mass that is still 0 while the row starts with "
-                "zeros (issue 20, class 1)")
-_MASKED_TILES = ("skip_masked_tiles leaves out the masked keys, whose weight 0 times an infinite v is NaN in the "
-                 "plain program (0·inf)")
 GPU_SCHEDULE = "cuda-schedule"
 """The fused program of the default CUDA schedule (GPU tiles), interpreted on the host: run on the leading_zeros
 inputs, whose zeros must cover a whole GPU tile."""
-KNOWN_WRONG: dict[tuple[str, str, str], tuple[tuple[str, ...], str]] = {
-    ("l2norm_stable", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
-    ("quant_gemm", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
-    ("inertia", "default", "leading_zeros"): (("fused", "tile", "cpp", GPU_SCHEDULE), _ZERO_REPAIR),
-    **{(name, "prefill", "special"): (("tile", "cpp"), _MASKED_TILES)
-       for name in ("attn_causal", "attn_alibi", "attn_gqa", "attn_softcap", "attn_window")},
-}
-"""(operator, mode, variant) -> the backends that do not compute what the plain program does, and why."""
-
-
-def _case(name: str, mode: str, backend: str, variant: str):
-    """A test case, a strict xfail where :data:`KNOWN_WRONG` lists it."""
-    backends, reason = KNOWN_WRONG.get((name, mode, variant), ((), ""))
-    marks = [pytest.mark.xfail(strict=True, reason=reason)] if backend in backends else []
-    return pytest.param(name, mode, backend, variant, marks=marks, id=f"{name}-{mode}-{backend}-{variant}")
 
 
 SUBJECTS = [(name, mode) for name in ops.names() for mode in ops.get(name).modes]
@@ -80,8 +61,9 @@ def host_kernel(tmp_path_factory):
 
 
 @pytest.mark.parametrize(("name", "mode", "backend", "variant"),
-                         [_case(*subject, backend, variant) for subject in SUBJECTS for backend in HOST_BACKENDS
-                          for variant in VARIANTS])
+                         [(*subject, backend, variant) for subject in SUBJECTS for backend in HOST_BACKENDS
+                          for variant in VARIANTS],
+                         ids=lambda v: str(v))
 def test_backend_agrees_with_the_reference_on_every_variant(name, mode, backend, variant, request):
     subject = Subject.of(name, mode, {})
     op = subject.op
@@ -114,7 +96,8 @@ def test_plain_program_on_every_variant_at_every_magnitude(name, mode):
 
 
 @pytest.mark.parametrize(("name", "mode", "backend", "variant"),
-                         [_case(*subject, GPU_SCHEDULE, "leading_zeros") for subject in SUBJECTS])
+                         [(*subject, GPU_SCHEDULE, "leading_zeros") for subject in SUBJECTS],
+                         ids=lambda v: str(v))
 def test_gpu_schedule_agrees_on_leading_zeros(name, mode, backend, variant):
     """The GPU schedules roll over tiles, not elements: the repair first meets a running value that is still 0
     after a whole tile of zeros (quant_gemm K=256 with 64 leading zeros, issue 20)."""
@@ -240,11 +223,20 @@ def test_special_puts_one_special_entry_in_each_row():
 
 
 def test_masses_stay_nonnegative():
+    """inertia declares its masses sign='nonnegative': no variant gives a negative or NaN mass."""
     op = ops.get("inertia")
     for variant in VARIANTS:
         w = op.inputs(0, variant=variant)["w"]
-        assert not np.any(w < 0), variant
-    assert "-inf" not in special_kinds(op.operands[0])
+        assert not np.any(w < 0) and not np.any(np.isnan(w)), variant
+    kinds = special_kinds(declared(op.operands[0], op.program().tensor("w")))
+    assert "-inf" not in kinds and "nan" not in kinds
+
+
+def test_finite_inputs_get_no_infinities():
+    """The masked attention variants declare q, k, v finite: special entries are huge or tiny only."""
+    op = ops.get("attn_causal")
+    inputs = op.inputs(0, "prefill", variant="special")
+    assert all(np.all(np.isfinite(a)) for a in inputs.values())
 
 
 def test_unknown_variant_names_the_known_ones():

@@ -258,3 +258,18 @@ def test_sympy_failures_are_refusals_with_the_reason(monkeypatch):
             rolled(chain("max", lambda x, r: exp(x - r)))
     finally:
         repair._solve_cached.cache_clear()
+
+
+def test_kernels_check_what_inputs_declare():
+    """A host kernel refuses a NumPy input that breaks its declaration, as the interpreter does."""
+    from polyfuse import build
+
+    p = ProgramBuilder("declared")
+    w = p.input("w", (4,), "f32", sign="nonnegative", finite=True)
+    y = p.output("y", (4,), "f32")
+    with p.nest("s", i=4) as (i,):
+        y[i] = w[i] * 2.0
+    kernel = build(p.build(), "cpp", werror=True)
+    assert np.array_equal(kernel(np.arange(4, dtype=np.float32)), 2 * np.arange(4, dtype=np.float32))
+    with pytest.raises(IRError, match=r"input 'w' is declared sign='nonnegative', finite=True, but its element \[2\]"):
+        kernel(np.array([1.0, 2.0, np.inf, 0.0], dtype=np.float32))

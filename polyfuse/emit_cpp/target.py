@@ -42,7 +42,8 @@ class Launch:
 
 @dataclass(frozen=True)
 class Arg:
-    """One array argument of a kernel: its tensor name, role, shape and dtype.
+    """One array argument of a kernel: its tensor name, role, shape and dtype, and what an input
+    promises about its values (``sign``, ``finite``: see :class:`~polyfuse.ir.stmt.Tensor`).
 
     ``shape`` entries are ints or the names of size parameters.
     """
@@ -51,6 +52,8 @@ class Arg:
     role: str
     shape: tuple[int | str, ...]
     dtype: DType
+    sign: str | None = None
+    finite: bool = False
 
 
 @dataclass(frozen=True)
@@ -92,4 +95,4 @@ def arg_of(t: Tensor) -> Arg:
             return d.name
         return str(d)
 
-    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype)
+    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype, t.sign, t.finite)

@@ -21,6 +21,7 @@ over no elements is its init (:mod:`polyfuse.ir.empty`).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,9 @@ from polyfuse.ir.empty import init_empty_reductions
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.stmt import INPUT, Block, Loop, Program, Seq, Stmt, Tensor, walk_stmts
 from polyfuse.ir.visit import loads, substitute
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.target import Arg
 
 Value = np.ndarray
 _TRUE = np.bool_(True)
@@ -75,8 +79,9 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
     return {t.name: buffers[t.name] for t in keep}
 
 
-def check_promises(t: Tensor, values: np.ndarray) -> None:
-    """Refuse values that break what an input declares (``sign``, ``finite``; NaN breaks every sign)."""
+def check_promises(t: Tensor | Arg, values: np.ndarray) -> None:
+    """Refuse values that break what an input declares (``sign``, ``finite``; NaN breaks every sign);
+    ``t`` is the program's tensor or a kernel's argument of it."""
     if t.sign is None and not t.finite:
         return
     with np.errstate(invalid="ignore"):

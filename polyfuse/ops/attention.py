@@ -131,13 +131,16 @@ def dims_of(name: str, variant: Variant, mode: str, sizes: Sizes) -> Dims:
 def build_attention(name: str, variant: Variant, mode: str, sizes: Sizes) -> Program:
     """The plain attention program of ``variant`` (see the module docstring for its blocks)."""
     d = dims_of(name, variant, mode, sizes)
-    q = te.placeholder((d.B, d.Hq, d.Sq, d.D), f16, name="q")
+    # A masked variant's data are declared finite: the kernels skip key tiles the mask hides entirely
+    # (polyfuse.tiling.skip), which equals the plain program's 0·v only for a finite v.
+    finite = variant.causal or variant.window
+    q = te.placeholder((d.B, d.Hq, d.Sq, d.D), f16, name="q", finite=finite)
     if variant.latent_kv:
-        k = v = te.placeholder((d.B, 1, d.Skv, d.D), f16, name="kv")
+        k = v = te.placeholder((d.B, 1, d.Skv, d.D), f16, name="kv", finite=finite)
         inputs = [q, k]
     else:
-        k = te.placeholder((d.B, d.Hkv, d.Skv, d.D), f16, name="k")
-        v = te.placeholder((d.B, d.Hkv, d.Skv, d.Dv), f16, name="v")
+        k = te.placeholder((d.B, d.Hkv, d.Skv, d.D), f16, name="k", finite=finite)
+        v = te.placeholder((d.B, d.Hkv, d.Skv, d.Dv), f16, name="v", finite=finite)
         inputs = [q, k, v]
 
     def kv_head(h: Expr) -> Expr | int:

@@ -10,7 +10,7 @@ import numpy as np
 
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir.stmt import Program
-from polyfuse.ops.variants import Operand, apply_variant
+from polyfuse.ops.variants import Operand, apply_variant, declared
 
 Sizes = dict[str, int]
 Arrays = dict[str, np.ndarray]
@@ -80,7 +80,11 @@ class Operator:
         """Random inputs (``seed``, ``magnitude``) rewritten by the input ``variant`` (``variants.VARIANTS``)."""
         m = self.mode_or_default(mode)
         arrays = self.make_inputs(np.random.default_rng(seed), m, self.sizes(m, sizes), magnitude)
-        return apply_variant(variant, arrays, self.operands, seed=seed, op=self.name)
+        if variant == "random":
+            return arrays
+        inputs = {t.name: t for t in self.build(m, self.sizes(m, sizes)).inputs}
+        operands = tuple(declared(o, inputs[o.name]) if o.name in inputs else o for o in self.operands)
+        return apply_variant(variant, arrays, operands, seed=seed, op=self.name)
 
 
 @dataclass(frozen=True)

@@ -318,7 +318,7 @@ register(Operator(
                    "are 2^9." + CONTRACTED,
     defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
     magnitudes=INERTIA_OFFSETS,
-    operands=(Operand("w", axis=1, nonnegative=True, tiny=2.0 ** -100),
+    operands=(Operand("w", axis=1, tiny=2.0 ** -100),
               Operand("x", axis=1, shared=(2,), huge=2.0 ** 9, tiny=2.0 ** -100)),
 ))
 

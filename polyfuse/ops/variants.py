@@ -16,12 +16,14 @@ a few rows cover every case.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from polyfuse.errors import PolyfuseError
+from polyfuse.ir.stmt import Tensor
 
 
 @dataclass(frozen=True)
@@ -30,15 +32,22 @@ class Operand:
 
     ``huge`` and ``tiny`` are the magnitudes of the ``special`` variant's extreme entries (``None``:
     none): values that the operator's tolerance note covers (see each operator's note), and that
-    its dtype represents.  ``nonnegative`` operands (masses) get no negative values.
+    its dtype represents.  What the program's input declares holds too: a ``sign`` (masses) keeps
+    values non-negative and not NaN, ``finite`` keeps out ±inf and NaN (:func:`declared`).
     """
 
     name: str
     axis: int
     shared: tuple[int, ...] = ()
-    nonnegative: bool = False
     huge: float | None = None
     tiny: float | None = None
+    nonnegative: bool = False
+    finite: bool = False
+
+
+def declared(operand: Operand, tensor: Tensor) -> Operand:
+    """``operand`` with what its program input ``tensor`` declares (``sign``, ``finite``)."""
+    return dataclasses.replace(operand, nonnegative=tensor.sign is not None, finite=tensor.finite)
 
 
 Rewrite = Callable[[np.ndarray, np.random.Generator, Operand], None]
@@ -94,7 +103,9 @@ def _monotone(rows: np.ndarray, rng: np.random.Generator, operand: Operand) -> N
 
 def special_kinds(operand: Operand) -> list[str | None]:
     """The special entry of each row, cyclically (``None``: the row stays random)."""
-    kinds = ["+inf", None if operand.nonnegative else "-inf", "nan",
+    infinite = not operand.finite
+    kinds = ["+inf" if infinite else None, "-inf" if infinite and not operand.nonnegative else None,
+             "nan" if infinite and not operand.nonnegative else None,
              "huge" if operand.huge is not None else None, "tiny" if operand.tiny is not None else None]
     return [k for k in kinds if k is not None] + [None]
 

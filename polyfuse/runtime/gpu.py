@@ -21,6 +21,7 @@ import numpy as np
 from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
+from polyfuse.ir.interpreter import check_promises
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.kernel import KernelBase
 from polyfuse.runtime.loaders import Loader
@@ -70,7 +71,7 @@ class GpuKernel(KernelBase):
         for d, spec in zip(described, self.kernel_source.args, strict=False):
             _check(d, spec, values)
         framework = next((d for d in described if d.framework != "numpy"), None)
-        device = [self._on_device(d) for d in described]
+        device = [self._on_device(d, spec) for d, spec in zip(described, self.kernel_source.args, strict=False)]
         if len(described) == n_in:
             device += [self._fresh(spec, values, framework) for spec in self.outputs]
         scratch = self._scratch_for(values)
@@ -95,10 +96,14 @@ class GpuKernel(KernelBase):
                 results.append(on_device.owner)
         return results
 
-    def _on_device(self, d: _Device) -> _Device:
+    def _on_device(self, d: _Device, spec: Arg) -> _Device:
+        """A NumPy array copied to the device (an input checked against what it declares first; arrays
+        already on the device are trusted: checking them would cost a pass over them)."""
         if d.framework != "numpy":
             return d
         host = d.owner
+        if spec.role == "input":
+            check_promises(spec, host)
         pointer, owner = self.loader.alloc(host.nbytes)
         self.loader.to_device(pointer, host.ctypes.data, host.nbytes)
         return _Device(pointer, d.shape, d.dtype, (owner, host), "numpy-in")

@@ -16,6 +16,7 @@ import numpy as np
 
 from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
+from polyfuse.ir.interpreter import check_promises
 from polyfuse.runtime.compiler import CompileOptions
 
 _DLPACK_CPU = 1
@@ -157,6 +158,8 @@ def _check(arr: np.ndarray, spec: Arg, sizes: Mapping[str, int]) -> None:
         raise LaunchError(f"argument {spec.name!r} has shape {arr.shape}; expected {expected}")
     if not arr.flags.c_contiguous:
         raise LaunchError(f"argument {spec.name!r} is not C-contiguous; pass np.ascontiguousarray(...)")
+    if spec.role == "input":
+        check_promises(spec, arr)
 
 
 def _fresh(spec: Arg, sizes: Mapping[str, int]) -> np.ndarray:

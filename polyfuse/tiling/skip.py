@@ -26,6 +26,9 @@ Otherwise the loop is left as it was; the pass never changes results under its a
     inputs are finite and no operation overflows, so the only infinities are the -INF of masks
     and of maxima over masked rows, and no value carried from one iteration to the next is NaN.
 
+The first half of it is checked: every input the loop reads must be declared ``finite``
+(``p.input(..., finite=True)``, which the interpreters enforce).
+
 Under it a masked position adds exactly nothing, as in the unfused program: ``-INF - m`` is
 -INF for a finite ``m``, ``0·v`` is 0 for a finite ``v``, ``x + 0 == x``.  Results are equal as
 values (a sum may end in +0.0 where the full loop ends in -0.0).  Example (32×64 tiles)::
@@ -46,7 +49,7 @@ from functools import reduce
 import islpy as isl
 
 from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Const, Expr, Select, Var, binop
-from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt
+from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
     Broadcast, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, map_tile_expr,
     walk_tile_expr, walk_tile_stmts,
@@ -213,7 +216,7 @@ class _Truncation:
         if not stmts or not all(isinstance(s, TileStore) for s in stmts):
             return None
         candidates = [s for s in stmts if _masks(s)]
-        if not candidates:
+        if not candidates or not _finite_inputs(self.program, stmts):
             return None
         try:
             axes = sorted({a for s in stmts for a in store_sizes(s)})
@@ -327,6 +330,14 @@ class _Truncation:
             return False
         masked = TileEvaluator(space, self.program).run(stmts, skipped)
         return all(layer.unchanged for name in keep for layer in masked.get(name, []))
+
+
+def _finite_inputs(program: TileProgram, stmts: list[TileStore]) -> bool:
+    """Every program input the loop reads is declared ``finite``: the assumption the proof rests on
+    (an infinite value at a masked position makes the plain program's 0·v a NaN the skip would lose)."""
+    read = {n.tensor.name for s in stmts for e in (s.value, s.mask) if e is not None
+            for n in walk_tile_expr(e) if isinstance(n, TileLoad)}
+    return all(t.finite for t in program.tensors if t.role == INPUT and t.name in read)
 
 
 def _retarget(s: Stmt, loop: Loop, extent: Expr) -> Stmt:
