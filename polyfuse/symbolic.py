@@ -147,7 +147,10 @@ def default_assumptions(d: DType) -> dict[str, bool]:
 def to_sympy(e: Expr, table: SymbolTable | None = None) -> tuple[sympy.Basic, SymbolTable]:
     """Convert ``e``; returns the sympy expression and the table of its symbols."""
     table = SymbolTable() if table is None else table
-    return _to_sympy(e, table), table
+    try:
+        return _to_sympy(e, table), table
+    except (ValueError, TypeError, ArithmeticError) as err:  # sympy refusing a value (log(-1) = I·pi in a Min …)
+        raise SymbolicError(f"cannot express {e} in sympy's real arithmetic: {err}") from None
 
 
 _RELATIONS = {"<": sympy.Lt, "<=": sympy.Le, ">": sympy.Gt, ">=": sympy.Ge, "==": sympy.Eq, "!=": sympy.Ne}

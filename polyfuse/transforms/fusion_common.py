@@ -17,6 +17,7 @@ from polyfuse.ir.expr import (
 )
 from polyfuse.ir.stmt import Block, Program, Store
 from polyfuse.ir.visit import free_vars, loads, map_expr, substitute
+from polyfuse.transforms.auxiliary import plain_sum
 from polyfuse.transforms.numerics import MapDefinition, ProducerFacts, expand_maps, in_loops
 from polyfuse.transforms.repair import Repair, reducer_kind, result_sign, solve_repair
 from polyfuse.transforms.tree import loops_of, map_blocks
@@ -55,14 +56,15 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
                                    "along the reduction; a repair needs one producer value per consumer element")
     if not r_loads:
         return r_loads, tensors, None
-    return r_loads, tensors, _solve(program, consumer, r_loads, tensors, approximate)
+    return r_loads, tensors, _solve(program, consumer, term, r_loads, tensors, approximate)  # type: ignore[arg-type]
 
 
-def _solve(program: Program, consumer: Block, r_loads: list[Load], tensors: dict[str, str],
+def _solve(program: Program, consumer: Block, term: Expr, r_loads: list[Load], tensors: dict[str, str],
            approximate: bool) -> Repair:
+    """The repair of ``consumer``'s update by ``term`` (its reduce term, or a repaired block's term operand)."""
     facts = tuple(producer_facts(program, consumer, ld, program.block(tensors[ld.tensor.name]), approximate)
                   for ld in r_loads)
-    return solve_repair(consumer.reducer, consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
+    return solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
                         nonnegative=[f.load for f in facts if f.mass],
                         reduce_vars={iv.var.name for iv in consumer.reduce_iters}, approximate=approximate,
                         auxiliary=True, facts=facts, signs=value_signs(program),
@@ -111,6 +113,7 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
     if kind is None or found is None:
         return ProducerFacts(load, kind, None, False)
     block, term, repaired = found
+    term = _unguarded(term)
     at = _at_consumer(program, consumer, block, term)
     sign = _term_sign(at, value_signs(program))
     init = producer.init
@@ -123,10 +126,12 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
         inner = [ld for ld in loads(term) if ld.tensor.name in names]
         if inner:
             try:
-                own = _solve(program, block, inner, names, approximate) if block.reduce_term() is not None else None
+                own = _solve(program, block, term, inner, names, approximate)
             except PolyfuseError:
                 own = None
-    return ProducerFacts(load, kind, at, bool(mass), own, _bindings(program, block))
+    decaying = own is not None and own.numerics is not None and own.numerics.decays
+    reference = kind in ("max", "min") or (kind == "sum" and (plain_sum(program, producer.name) or decaying))
+    return ProducerFacts(load, kind, at, bool(mass), own, _bindings(program, block), reference)
 
 
 def _at_consumer(program: Program, consumer: Block, block: Block, term: Expr) -> Expr:
@@ -176,8 +181,39 @@ def element_term(program: Program, producer: Block) -> tuple[Block, Expr, bool] 
     for other in program.blocks():
         if other.store.tensor in partials and other.name.startswith(f"{producer.name}_rf"):
             inner = other.reduce_term() if other.reducer is not None else other.store.value
-            return (other, inner, repaired) if inner is not None else None
+            # a split-k combine that repairs each partial (X = X ⊕ h(X_rf[…], …)) rescales it too
+            rescaled = repaired or not isinstance(_unguarded(term), Load)
+            return (other, inner, rescaled) if inner is not None else None
     return producer, term, repaired
+
+
+def _unguarded(term: Expr) -> Expr:
+    """A fused term without what an earlier fusion wrapped around it: the guard of a producer at its
+    infinite identity (:func:`guard_term`) and the surrogates of masses at 0 (:func:`surrogate`).
+    Both are exact, so the term is the producer's own term for an element."""
+    def tests(cond: Expr, value: float) -> bool:
+        parts = [cond]
+        while parts:
+            c = parts.pop()
+            if isinstance(c, BinOp) and c.op in ("and", "or"):
+                parts += [c.a, c.b]
+            elif isinstance(c, BinOp) and c.op == "==" and isinstance(c.b, Const) and c.b.value == value:
+                return True
+        return False
+
+    def strip(e: Expr) -> Expr | None:
+        if not isinstance(e, Select) or not isinstance(e.true_value, Const):
+            return None
+        v = e.true_value.value
+        if isinstance(e.false_value, Load) and e.false_value.dtype.is_float \
+                and v == float(np.finfo(e.false_value.dtype.numpy).tiny) and tests(e.cond, 0.0):
+            return e.false_value
+        infinite = tests(e.cond, math.inf) or tests(e.cond, -math.inf)
+        if isinstance(v, float) and (v == 0.0 or math.isinf(v)) and infinite:
+            return _unguarded(e.false_value)
+        return None
+
+    return map_expr(term, strip)
 
 
 def _term_operand(block: Block) -> Expr | None:

@@ -68,7 +68,11 @@ class ProducerFacts:
     the consumer's current element, in the consumer's variables (None where the two cannot be
     matched); ``mass`` says its terms and init are >= 0 and it is a sum or a max; ``repair`` is
     its own repair when it is itself rescaled as it runs (a rolled chain), else None, and
-    ``repair_loops`` the bindings of the variables that repair is written in.
+    ``repair_loops`` the bindings of the variables that repair is written in.  ``reference`` says
+    its running value stays near its final one, so that a repair shifting terms from one to the
+    other does not cancel catastrophically: a max or min (one of its terms), a plain sum (read
+    through a running estimate), a sum whose own repair decays; not a product, which can
+    overflow or change sign as it runs.
     """
 
     load: Load
@@ -77,6 +81,7 @@ class ProducerFacts:
     mass: bool
     repair: object | None = None
     repair_loops: tuple[tuple[str, Expr], ...] = ()
+    reference: bool = False
 
 
 @dataclass(frozen=True)
@@ -208,10 +213,26 @@ class _Checker:
                 self._decay(q)
                 self._bounded_term()
                 decays, identity_safe = True, self._finite_at_identity(q)
+            else:
+                self._references()
             surrogates |= self._singular(h_ir, "h", self._step_regions())
         surrogates |= self._singular(self.term, "g", self._term_regions())
         guards = self._guards()
         return Numerics(frozenset(surrogates), decays, frozenset(guards), "; ".join(self.notes), identity_safe)
+
+    def _references(self) -> None:
+        """A repair that shifts (a state repair's polynomial in r' - r, a max's t + b) works at the
+        producers' running values: each must stay near its final value (``ProducerFacts.reference``)."""
+        far = [f for f in self.space.facts if not f.reference]
+        if far:
+            f = far[0]
+            raise NoRepairFound(
+                f"h = {self.repair.h} shifts the terms by differences of running producer values, but {f.load} "
+                f"(a {f.kind or 'custom'} reduction) can run far from its final value (a product overflows or "
+                "changes sign, a partial sum is no estimate of the whole): the shift would cancel catastrophically "
+                "or meet inf - inf")
+        self.notes.append("every producer's running value stays near its final one (a max or min, a plain sum's "
+                          "running estimate, a sum rescaled by a decaying repair)")
 
     def _finite_at_identity(self, q: sympy.Basic) -> bool:
         """Q stays finite where a max/min producer's previous value is its infinite identity (after its
