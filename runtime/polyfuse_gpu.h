@@ -91,6 +91,10 @@ PF_DEV uint16_t float_to_bf16(float x) {
 
 PF_DEV float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
+// The rest of f32 x after its 16-bit hi part (the lo part of an operand split hi + lo): 0 for an
+// infinite x, whose hi part is x itself, so that hi + lo is x (x - hi would be inf - inf = NaN).
+PF_DEV float split_rest(float x, float hi) { return isinf(x) ? 0.0f : x - hi; }
+
 // ---------------------------------------------------------------- fp8 e4m3fn (no inf; NaN = 0x7f)
 PF_DEV float fp8_to_float(uint8_t b) {
     uint32_t exp = (b >> 3) & 0xfu, man = b & 0x7u;

@@ -278,16 +278,23 @@ def test_l2norm_reference_gives_nan_for_a_zero_row_as_the_program_does():
     assert np.isnan(out[0]) and out[1] == 5.0 and np.isnan(out[2])
 
 
-def test_moe_reference_ranks_nan_logits_as_the_program_does():
-    """A NaN logit compares false: it and the largest finite logit both have rank 0, so slot 0 sums them."""
+def test_moe_reference_ranks_nan_logits_by_the_programs_comparisons():
+    """A NaN logit compares false: it and the largest finite logit both have rank 0, so slot 0 sums them.
+    The program declares its inputs finite (its GPU kernel splits them for tensor cores), so it refuses
+    such inputs; the reference still follows the program's definition of the ranks."""
+    sizes = {"S": 1, "HD": 1, "E": 4, "K": 2}
     inputs = {"x": np.array([[1.0]], np.float32), "w": np.array([[np.nan, 3.0, 1.0, 2.0]], np.float32)}
-    ref = _reference_and_program("moe_routing", "default", {"S": 1, "HD": 1, "E": 4, "K": 2}, inputs)
+    op = ops.get("moe_routing")
+    ref = op.reference(inputs, "default", sizes)
     assert ref["topi"].tolist() == [[0 + 1, 3]]
     assert np.isnan(ref["probs"]).all()
+    with pytest.raises(PolyfuseError, match=r"input 'w' is declared finite=True, but its element \[0, 0\] is nan"):
+        interpret(op.program("default", **sizes), inputs)
 
 
 def test_attention_reference_zeroes_weights_below_f32_like_the_program():
-    """A key whose weight underflows f32 (logit 200 below the max) contributes 0·inf = NaN with an infinite v."""
+    """A key whose weight underflows f32 (logit 200 below the max) contributes 0·inf = NaN with an infinite v;
+    attention declares its inputs finite, so the program refuses such a v."""
     sizes = {"B": 1, "Hq": 1, "Hkv": 1, "Sq": 1, "Skv": 2, "D": 16, "Dv": 16}
     q = np.zeros((1, 1, 1, 16), np.float16)
     q[..., 0] = 200.0
@@ -295,8 +302,10 @@ def test_attention_reference_zeroes_weights_below_f32_like_the_program():
     k[0, 0, 0, 0] = 4.0  # logit 200·4/4 = 200 for key 0, 0 for key 1
     v = np.ones((1, 1, 2, 16), np.float16)
     v[0, 0, 1] = np.inf
-    out = _reference_and_program("attn_global", "prefill", sizes, {"q": q, "k": k, "v": v})["out"]
-    assert np.isnan(out).all()
+    op = ops.get("attn_global")
+    assert np.isnan(op.reference({"q": q, "k": k, "v": v}, "prefill", sizes)["out"]).all()
+    with pytest.raises(PolyfuseError, match="input 'v' is declared finite=True"):
+        interpret(op.program("prefill", **sizes), {"q": q, "k": k, "v": v})
 
 
 # ------------------------------------------------------------------ the command

@@ -707,3 +707,25 @@ def test_split_k_and_resident_statistics_compile(backend):
     assert "in shared memory across the loop" in source.text
     assert ("pf_kg" in source.text) == (backend == "cuda")  # (HIP's dots are not tensor-core products)
     compile_gpu(source.text, f"mla576_{backend}", backend, source.target.arch, options=WERROR, compile_only=True)
+
+
+@pytest.mark.parametrize("finite", [False, True])
+def test_split_tensor_core_products_need_finite_inputs(finite):
+    """f32 operands split into 16-bit parts make ``0·inf`` or ``inf - inf`` of an infinite input, NaN where the
+    program has ±inf: the split lowering is used only where every input it reads is declared finite."""
+    from polyfuse.ir import ProgramBuilder, reduce
+    from polyfuse.transforms import Schedule
+
+    p = ProgramBuilder("gemm")
+    a = p.input("a", (64, 64), "f32", finite=finite)
+    b = p.input("b", (64, 64), "f32", finite=finite)
+    c = p.output("c", (64, 64), "f32")
+    with p.nest("s", i=64, n=64, k=reduce(64)) as (i, n, k):
+        c[i, n] = c[i, n] + a[i, k] * b[k, n]
+    sch = Schedule(p.build())
+    i, n, _ = sch.get_loops("s")
+    i0, n0, _, _ = sch.tile([i, n], [32, 32])
+    sch.bind(i0, "blockIdx.x")
+    sch.bind(n0, "blockIdx.y")
+    text = emit(to_tiles(sch.program), CUDA).text
+    assert ("pf::mma_bf16" in text) == finite

@@ -2,7 +2,8 @@
 
 A dot ``out[m.., n..] = acc + Σ_k a[m.., k]·b[k, n..]`` goes to tensor cores when
 
-1. the target has them (CUDA) and the result is f32;
+1. the target has them (CUDA) and the result is f32; where an operand is split (below), every program input
+   the operands read is declared ``finite`` (:func:`_finite_inputs`);
 2. an operand is exactly f16 or bf16 (a load of such a tensor, possibly cast to f32, permuted
    or selected against zero) and the other is the same type or f32.  An f32 operand (attention's
    P in P·V) is split into two 16-bit parts, ``hi = round(x)`` and ``lo = round(x - hi)``, and
@@ -50,6 +51,7 @@ from polyfuse.emit_cpp.vector import aligned
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Cast, Const, Expr, Select
+from polyfuse.ir.stmt import INPUT
 from polyfuse.tiling.htile import Broadcast, Dot, Permute, Reduce, Slice, TileLoad, axes_of, depends_on, walk_tile_expr
 
 if TYPE_CHECKING:
@@ -104,6 +106,8 @@ def mma_type(em: CudaEmitter, e: Dot) -> DType | None:
     ta, tb = exact_low(e.a), exact_low(e.b)
     if ta is not None and tb is not None and ta != tb:
         return None
+    if (ta is None or tb is None) and not _finite_inputs(e):
+        return None
     if ta is None and tb is None:
         # Two f32 operands: both split into bf16 hi + lo (f32's range; f16's would overflow past
         # 65504), three products hi·hi + lo·hi + hi·lo; a block reduction if there are few outputs.
@@ -111,6 +115,19 @@ def mma_type(em: CudaEmitter, e: Dot) -> DType | None:
             return None
         return dt.bf16 if e.a.dtype == dt.f32 and e.b.dtype == dt.f32 else None
     return ta or tb
+
+
+def _finite_inputs(e: Dot) -> bool:
+    """Every program input the operands read is declared ``finite``: a split product needs it.
+
+    With an f32 operand split, ``x·y`` is ``hi·y + lo·y`` (or three products of parts): an infinite x
+    or y meets a part that is 0 or of the other sign, ``0·inf`` or ``inf - inf``, NaN where the program
+    has ±inf.  NaN inputs stay NaN either way, and values computed in the kernel from finite inputs
+    are finite or NaN (a probability ``exp(s - m) <= 1``, a scaled value ``448·a/max|a|``).  Without
+    the declaration the dot multiplies in f32 with FMAs, as the program does.
+    """
+    loads = [n for x in (e.a, e.b) for n in walk_tile_expr(x) if isinstance(n, TileLoad)]
+    return all(ld.tensor.finite for ld in loads if ld.tensor.role == INPUT)
 
 
 def _few_outputs(em: CudaEmitter, e: Dot) -> bool:
@@ -551,10 +568,12 @@ def _async_copies(em: CudaEmitter, op: Staged, low: DType) -> list[tuple[Staged,
 
 
 def split_parts(low: str, value: str, hi: str) -> tuple[str, str]:
-    """C text of the 16-bit parts of f32 ``value``: ``hi = round(value)`` and ``lo = round(value - hi)``,
-    ``hi`` naming where the hi part is held.  Every split (staging, :mod:`polyfuse.emit_cpp.presplit`) uses
-    this one definition, so the parts are the same wherever they are made."""
-    return f"pf::float_to_{low}({value})", f"pf::float_to_{low}({value} - pf::{low}_to_float({hi}))"
+    """C text of the 16-bit parts of f32 ``value``: ``hi = round(value)`` and ``lo = round(value - hi)``
+    (0 for an infinite value, so that hi + lo is the value and its products are the program's ±inf, not
+    NaN), ``hi`` naming where the hi part is held.  Every split (staging, :mod:`polyfuse.emit_cpp.presplit`)
+    uses this one definition, so the parts are the same wherever they are made."""
+    return (f"pf::float_to_{low}({value})",
+            f"pf::float_to_{low}(pf::split_rest({value}, pf::{low}_to_float({hi})))")
 
 
 def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:

@@ -131,9 +131,10 @@ def dims_of(name: str, variant: Variant, mode: str, sizes: Sizes) -> Dims:
 def build_attention(name: str, variant: Variant, mode: str, sizes: Sizes) -> Program:
     """The plain attention program of ``variant`` (see the module docstring for its blocks)."""
     d = dims_of(name, variant, mode, sizes)
-    # A masked variant's data are declared finite: the kernels skip key tiles the mask hides entirely
-    # (polyfuse.tiling.skip), which equals the plain program's 0·v only for a finite v.
-    finite = variant.causal or variant.window
+    # The data are declared finite (as attention's are): the GPU kernels multiply P·V with P split into
+    # 16-bit parts (polyfuse.emit_cpp.mma), and skip the key tiles a mask hides (polyfuse.tiling.skip);
+    # both equal the plain program's products only for finite values (0·inf, inf - inf).
+    finite = True
     q = te.placeholder((d.B, d.Hq, d.Sq, d.D), f16, name="q", finite=finite)
     if variant.latent_kv:
         k = v = te.placeholder((d.B, 1, d.Skv, d.D), f16, name="kv", finite=finite)

@@ -29,8 +29,10 @@ GRID = 4
 def build_moe_routing(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("moe_routing")
     S, HD, E, K = sizes["S"], sizes["HD"], sizes["E"], sizes["K"]
-    x = p.input("x", (S, HD), "f32")
-    w = p.input("w", (HD, E), "f32")
+    # finite, as a model's are: the GPU kernel multiplies f32 operands split into 16-bit parts
+    # (polyfuse.emit_cpp.mma), which equals the program's products only for finite values
+    x = p.input("x", (S, HD), "f32", finite=True)
+    w = p.input("w", (HD, E), "f32", finite=True)
     z = p.temp("z", (S, E), "f32")
     with p.nest("s_gate", s=S, e=E, h=reduce(HD)) as (s, e, h):
         z[s, e] = z[s, e] + x[s, h] * w[h, e]
@@ -113,8 +115,8 @@ FP8_MAX = 448.0
 def _build_quant_gemm(name: str, sizes: Sizes, *, fp8: bool) -> Program:
     p = ProgramBuilder(name)
     M, K, N = sizes["M"], sizes["K"], sizes["N"]
-    a = p.input("A", (M, K), "f32")
-    w = p.input("W", (K, N), "f32")
+    a = p.input("A", (M, K), "f32", finite=True)  # finite: split tensor-core products (see moe_routing)
+    w = p.input("W", (K, N), "f32", finite=True)
     amax = p.temp("amax", (M,), "f32")
     c = p.output("C", (M, N), "f32")
     with p.nest("s_amax", i=M, k=reduce(K)) as (i, k):
@@ -233,10 +235,10 @@ def build_performer(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("performer")
     B, H, L, D, F = sizes["B"], sizes["H"], sizes["L"], sizes["D"], sizes["F"]
     delta, rho, beta = performer_constants(sizes)
-    q = p.input("q", (B, H, L, D), "f32")
-    k = p.input("k", (B, H, L, D), "f32")
-    v = p.input("v", (B, H, L, D), "f32")
-    proj = p.input("proj", (F, D), "f32")
+    q = p.input("q", (B, H, L, D), "f32", finite=True)  # finite: split tensor-core products (see moe_routing)
+    k = p.input("k", (B, H, L, D), "f32", finite=True)
+    v = p.input("v", (B, H, L, D), "f32", finite=True)
+    proj = p.input("proj", (F, D), "f32", finite=True)
     qdash = p.temp("qdash", (B, H, L, F), "f32")
     qsq = p.temp("qsq", (B, H, L), "f32")
     qmax = p.temp("qmax", (B, H, L), "f32")

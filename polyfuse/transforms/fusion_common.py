@@ -334,11 +334,12 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
     ``"term"`` (split-k update, Eq. 11): ``X = X ⊕ G(h(rest, r_old, r_new))``.
     ``G`` keeps its argument when it is the reducer's identity (h of the identity is
     the identity, by distributivity, but IEEE's ``0·inf`` is NaN).  It is left out where the
-    numerics proved ``h = t·Q`` with Q in [0, 1], finite even at a producer's infinite identity
-    (``t·exp(r - r')`` of a max producer): h then maps 0 to exactly 0.
-    ``repair.apply`` keeps the argument when no producer changed (``h(t, r, r) = t``) and at the
-    ``first`` step of a rolling loop (X is the identity; the previous producer values are not values);
-    ``final_identity`` and ``final`` as in :meth:`~polyfuse.transforms.repair.Repair.apply`.
+    numerics proved ``h = t·Q`` with Q in [0, 1], finite where the previous producer values are their
+    identities (``t·exp(r - r')`` of a max producer): h then maps the identity to itself, at the first
+    step of a rolling loop (the saved values are the identities) and after masked elements alike.
+    ``repair.apply`` keeps the argument when no producer changed (``h(t, r, r) = t``), and at the
+    ``first`` step of a rolling loop where Q is not finite at every producer's identity (the saved
+    values then); ``final_identity`` and ``final`` as in :meth:`~polyfuse.transforms.repair.Repair.apply`.
 
     A state repair reads the auxiliary accumulators ``state`` (for X, its A's; for A_k,
     the higher ones) and has no ``G``: X = 0 with A ≠ 0 still changes.  Instead, it keeps
@@ -359,8 +360,9 @@ def repaired_update(block: Block, repair: Repair, acc_operand: str, old: dict[Lo
     if repair.state and acc_operand == "term" and isinstance(rest, Select) and rest.false_value == identity:
         exists, target = rest.cond, rest.true_value
         state = [s.true_value if isinstance(s, Select) and s.cond == exists else s for s in state]
-    h = repair.apply(target, old=old, new=new, state=state, keep=first, final_identity=final_identity, final=final)
     numerics = repair.numerics
+    keep = first if first is not None and numerics is not None and not numerics.first_safe else None
+    h = repair.apply(target, old=old, new=new, state=state, keep=keep, final_identity=final_identity, final=final)
     if numerics is not None and numerics.decays and numerics.identity_safe:
         repaired = h
     elif repair.keeps_identity:

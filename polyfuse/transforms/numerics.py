@@ -88,14 +88,16 @@ class ProducerFacts:
 class Numerics:
     """The outcome for an accepted repair: which producer values take a surrogate while 0, whether
     ``h = t·Q`` provably decays, which masked-producer guards are exact, the proof (for
-    ``explain``), and whether Q stays finite when a max/min producer's previous value is its
-    infinite identity (then a decaying h needs no identity guard)."""
+    ``explain``), and whether Q stays finite (positive for a max or min consumer) where previous producer
+    values are their identities: where masks or data make them so (``identity_safe``: a decaying h then
+    needs no identity guard), and for every producer (``first_safe``: nor a rolling loop's first step)."""
 
     surrogates: frozenset[Load]
     decays: bool
     guards: frozenset[Load]
     proof: str
     identity_safe: bool = True
+    first_safe: bool = True
 
 
 class _Space:
@@ -205,20 +207,22 @@ class _Checker:
     # ------------------------------------------------------------------ the whole check
     def run(self) -> Numerics:
         surrogates: set[Load] = set()
-        decays, identity_safe = False, True
+        decays, identity_safe, first_safe = False, True, True
         if not self.repair.is_identity:
             h_ir = self._h_ir()
             q = sympy.cancel(self.space.sym(h_ir) / self.space.t)
             if not self.repair.state and self.space.t not in q.free_symbols:
                 self._decay(q)
                 self._bounded_term()
-                decays, identity_safe = True, self._finite_at_identity(q)
+                decays = True
+                identity_safe, first_safe = self._finite_at_identity(q, False), self._finite_at_identity(q, True)
             else:
                 self._references()
             surrogates |= self._singular(h_ir, "h", self._step_regions())
         surrogates |= self._singular(self.term, "g", self._term_regions())
         guards = self._guards()
-        return Numerics(frozenset(surrogates), decays, frozenset(guards), "; ".join(self.notes), identity_safe)
+        return Numerics(frozenset(surrogates), decays, frozenset(guards), "; ".join(self.notes), identity_safe,
+                        first_safe)
 
     def _references(self) -> None:
         """A repair that shifts (a state repair's polynomial in r' - r, a max's t + b) works at the
@@ -234,14 +238,18 @@ class _Checker:
         self.notes.append("every producer's running value stays near its final one (a max or min, a plain sum's "
                           "running estimate, a sum rescaled by a decaying repair)")
 
-    def _finite_at_identity(self, q: sympy.Basic) -> bool:
-        """Q stays finite where a max/min producer's previous value is its infinite identity (after its
-        first element only where its terms can be that identity: masks, data holding ±inf)."""
-        at = {self.space.old[f.load]: (-sympy.oo if f.kind == "max" else sympy.oo)
-              for f in self.space.facts if self._reaches_identity(f)}
+    def _finite_at_identity(self, q: sympy.Basic, everywhere: bool) -> bool:
+        """h maps the consumer's identity to itself without a guard: Q is finite (and, for a max or min
+        consumer, positive: a·(-inf) is -inf only for a > 0) where previous producer values are their
+        identities: where a max/min producer's terms can be ±inf (masks, data), and, ``everywhere``, for
+        every producer (a rolling loop's first step, where the saved values are the identities)."""
+        at = {self.space.old[f.load]: _number(f.kind) for f in self.space.facts
+              if f.kind is not None and (everywhere or self._reaches_identity(f))}
         if not at:
             return True
-        value = q.xreplace(at)
+        value = sympy.simplify(q.xreplace(at))
+        if self.repair.reducer in ("max", "min"):
+            return bool(value.is_finite and value.is_positive)
         return bool(value.is_finite) or value == 0
 
     def _h_ir(self) -> Expr:
@@ -402,15 +410,17 @@ class _Checker:
             qs = qs.xreplace(region)
         qs = sympy.powsimp(qs)
         box = bound(qs, self.ranges)
+        relations = _relations(region)
         if box.within(0.0, 1.0):
-            self.notes.append(f"Q = {q} lies in {box} over a step")
+            self.notes.append(f"Q = {sympy.powsimp(q)} lies in {box} over a step ({relations})")
             return
         slacks = sorted(qs.free_symbols & set(self._slack_symbols(region)), key=str)
         tight = {s: (sympy.Integer(1) if s.name.startswith("v_") else sympy.Integer(0)) for s in slacks}
         at_tight = sympy.simplify(qs.xreplace(tight))
         monotone = all(self._monotone(qs, s) for s in slacks)
         if box.lo >= 0 and at_tight == 1 and monotone:
-            self.notes.append(f"Q = {q} is 1 when no producer changes and shrinks as they change: in [0, 1]")
+            self.notes.append(f"Q = {sympy.powsimp(q)} is 1 when no producer changes and shrinks as they change "
+                              f"({relations}): in [0, 1]")
             return
         raise NoRepairFound(
             f"h = t·Q with Q = {q} is not provably in [0, 1] over a step (it would scale the accumulator up: what "
@@ -433,8 +443,8 @@ class _Checker:
             box = bound(dependent, self.ranges)
             bad_data = [d for d in data if not _value_like(d, self.ranges)]
             if box.bounded and not bad_data:
-                self.notes.append(f"the term's producer-dependent factor {dependent} lies in {box} at the running "
-                                  "values (each producer written relative to its own term at the element)")
+                self.notes.append(f"the term's producer-dependent factor {_readable(dependent)} lies in {box} where "
+                                  f"{_relations(region) or 'the producers take any value they can'}")
                 return
             extra = f", with unbounded data factor {bad_data[0]}" if bad_data else ""
             failures.append(f"{dependent} in {box}{extra}")
@@ -525,6 +535,27 @@ def _canonical(index: Expr) -> Expr:
             atom = BinOp("*", Const(c, index.dtype), atom)
         out = atom if out is None else BinOp("+", out, atom)
     return out if out is not None else Const(0, index.dtype)
+
+
+def _readable(e: sympy.Basic) -> str:
+    """``e`` with the slack variables of the regions named as the notes read: δ, ε, v, w."""
+    names = {}
+    for x in e.free_symbols:
+        for prefix, name in (("delta_", "δ"), ("eps_", "ε"), ("v_", "v"), ("w_", "w")):
+            if x.name.startswith(prefix) or x.name.startswith("_" + prefix):
+                names[x] = sympy.Symbol(name)
+    return str(e.xreplace(names))
+
+
+def _relations(region: Mapping[sympy.Symbol, sympy.Basic]) -> str:
+    """The substitutions of a region, as they read: ``m' = x + δ`` (δ >= 0), ``s' = p/w`` (0 < w <= 1)."""
+    kinds = {"δ": "δ >= 0", "ε": "ε >= 0", "v": "0 <= v <= 1", "w": "0 < w <= 1"}
+    parts = []
+    for sym, value in region.items():
+        shown = _readable(value)
+        used = [k for name, k in kinds.items() if name in shown.replace("Abs", "")]
+        parts.append(f"{sym} = {shown}" + (f" with {', '.join(used)}" if used else ""))
+    return "; ".join(parts)
 
 
 def _integers(syms: set[sympy.Symbol]) -> set[sympy.Symbol]:
