@@ -1,0 +1,99 @@
+"""Run the differential fuzzer: ``python tests/fuzz_run.py -n 1000 [--seed S] [--cpp-every K] [--save DIR]``.
+
+Case ``k`` is drawn from ``RandomDraw(seed + k)``, so ``--seed S+k -n 1`` replays it.  Prints a summary
+(programs, fused, refused by reason, wrong, crashed, the fusion fraction) and, with ``--save``, writes
+each failing case as a corpus entry (``fuzz_corpus``) to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fuzz_cascades import Cascade, Draw, RandomDraw, cascade, inputs
+from fuzz_schedules import Scheduled, schedule
+from polyfuse.differential import CRASH, WRONG, Finding, Report, Tally, check_schedule
+
+INPUT_SETS = 2
+
+
+@dataclass
+class Case:
+    """One fuzzed program, its schedule, inputs and the check's report (None where nothing was applied)."""
+
+    cascade: Cascade
+    scheduled: Scheduled
+    inputs: list[dict[str, np.ndarray]]
+    sizes: list[dict[str, int] | None]
+    report: Report | None
+
+    @property
+    def findings(self) -> list[Finding]:
+        return self.scheduled.findings + (self.report.findings if self.report else [])
+
+    @property
+    def failures(self) -> list[Finding]:
+        return [f for f in self.findings if f.kind in (WRONG, CRASH)]
+
+
+def fuzz_case(draw: Draw, seed: int, backends: tuple[str, ...]) -> Case:
+    c = cascade(draw)
+    s = schedule(draw, c)
+    sets = [inputs(draw, c, seed * 7 + k) for k in range(INPUT_SETS)]
+    data, sizes = [d for d, _ in sets], [z for _, z in sets]
+    report = None
+    if len(s.sch.trace) and not s.crashed:
+        report = check_schedule(c.program, s.sch.program, data, sizes=sizes, backends=backends)
+    return Case(c, s, data, sizes, report)
+
+
+def record(case: Case, finding: Finding) -> dict:
+    """A corpus entry replaying ``case`` (see ``test_fuzz.py``)."""
+    return {
+        "class": f"{finding.kind} at {finding.stage}: {finding.reason}",
+        "detail": finding.detail.splitlines()[:6],
+        "program": str(case.cascade.program),
+        "steps": case.scheduled.steps,
+        "inputs": [{k: v.tolist() for k, v in d.items()} for d in case.inputs],
+        "dtype": case.cascade.dtype,
+        "sizes": case.sizes,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=200)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cpp-every", type=int, default=0, help="build and run the C++ kernel of every K-th case")
+    ap.add_argument("--save", type=Path, default=None)
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    tally = Tally()
+    start = time.time()
+    if args.save:
+        args.save.mkdir(parents=True, exist_ok=True)
+    for k in range(args.n):
+        seed = args.seed + k
+        cpp = args.cpp_every and k % args.cpp_every == 0
+        case = fuzz_case(RandomDraw(seed), seed, ("fused", "tile", "cpp") if cpp else ("fused", "tile"))
+        tally.add(asked_fusion=case.scheduled.asked_fusion, fused=case.scheduled.fused,
+                  applied=bool(len(case.scheduled.sch.trace)), findings=case.findings, report=case.report)
+        for f in case.failures:
+            if args.verbose:
+                print(f"--- seed {seed}: {f.kind} at {f.stage}: {f.reason}\n{f.detail}", flush=True)
+            if args.save:
+                path = args.save / f"seed{seed}_{f.stage}.json"
+                path.write_text(json.dumps(record(case, f), indent=1))
+    print(tally.summary())
+    print(f"{args.n} cases in {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
