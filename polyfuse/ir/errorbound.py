@@ -9,8 +9,8 @@ for a correctly rounded operation in dtype ``d`` (``u`` the unit roundoff, ``η`
 subnormal where the result is below the smallest normal number, so that underflow is covered; sums and
 differences are exact there, and a product with an exact 0 is exact), ``LIBM_ULPS`` units in the last
 place for a library function (``exp``, ``log``, ``tanh``, ``pow`` …).  Reductions run in the program's
-order, so an ``n``-term sum accumulates ``u·Σ|partial sums| ≤ n·u·Σ|t|``, and a difference of nearly equal values keeps the bounds of
-both: cancellation shows as a bound large next to the result.
+order, so an ``n``-term sum accumulates ``u·Σ|partial sums| ≤ n·u·Σ|t|``, and a difference of nearly equal
+values keeps the bounds of both: cancellation shows as a bound large next to the result.
 
 Propagation is exact where that is cheap, first order otherwise: ``a·b`` adds ``|a|e_b + |b|e_a + e_a e_b``;
 ``a/b`` gives ``(e_a + |a/b|·e_b) / (|b| - e_b)``, infinite when ``e_b ≥ |b|`` (the exact divisor may be 0);
