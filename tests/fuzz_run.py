@@ -8,9 +8,12 @@ each failing case as a corpus entry (``fuzz_corpus``) to DIR.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +43,29 @@ class Case:
     @property
     def failures(self) -> list[Finding]:
         return [f for f in self.findings if f.kind in (WRONG, CRASH)]
+
+
+class CaseTimeout(Exception):
+    """A case ran past its time limit (raised inside whatever step was running: that step is the finding)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int) -> Iterator[None]:
+    """Raise :class:`CaseTimeout` in the main thread after ``seconds`` (0: no limit)."""
+    if not seconds or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def expire(signum, frame):
+        raise CaseTimeout(f"the case ran past its limit of {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def fuzz_case(draw: Draw, seed: int, backends: tuple[str, ...]) -> Case:
@@ -72,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cpp-every", type=int, default=0, help="build and run the C++ kernel of every K-th case")
     ap.add_argument("--save", type=Path, default=None)
+    ap.add_argument("--timeout", type=int, default=120, help="seconds per case (a case past it is a crash)")
     ap.add_argument("--verbose", action="store_true")
     args = ap.parse_args(argv)
     tally = Tally()
@@ -81,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     for k in range(args.n):
         seed = args.seed + k
         cpp = args.cpp_every and k % args.cpp_every == 0
-        case = fuzz_case(RandomDraw(seed), seed, ("fused", "tile", "cpp") if cpp else ("fused", "tile"))
+        try:
+            with time_limit(args.timeout):
+                case = fuzz_case(RandomDraw(seed), seed, ("fused", "tile", "cpp") if cpp else ("fused", "tile"))
+        except CaseTimeout:
+            print(f"--- seed {seed}: timeout outside the checked stages", flush=True)
+            continue
         tally.add(asked_fusion=case.scheduled.asked_fusion, fused=case.scheduled.fused,
                   applied=bool(len(case.scheduled.sch.trace)), findings=case.findings, report=case.report)
         for f in case.failures:
@@ -90,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
             if args.save:
                 path = args.save / f"seed{seed}_{f.stage}.json"
                 path.write_text(json.dumps(record(case, f), indent=1))
+        if (k + 1) % 100 == 0:
+            print(f"[{k + 1} cases, {time.time() - start:.0f} s: {tally.wrong} wrong, {tally.crashed} crashed]",
+                  file=sys.stderr, flush=True)
     print(tally.summary())
     print(f"{args.n} cases in {time.time() - start:.0f} s")
     return 0

@@ -15,16 +15,21 @@ values keeps the bounds of both: cancellation shows as a bound large next to the
 Propagation is exact where that is cheap, first order otherwise: ``a·b`` adds ``|a|e_b + |b|e_a + e_a e_b``;
 ``a/b`` gives ``(e_a + |a/b|·e_b) / (|b| - e_b)``, infinite when ``e_b ≥ |b|`` (the exact divisor may be 0);
 ``exp(a)`` gives ``exp(a)·(exp(e_a) - 1)``; ``log(a)`` gives ``log(a / (a - e_a))``, infinite when
-``e_a ≥ a``; ``max``/``min``/``abs``/``neg`` are exact and pass the larger bound on; ``tanh`` is
-1-Lipschitz; integer arithmetic is exact.
+``e_a ≥ a``; ``max``/``min`` are exact and pass on the chosen operand's bound (the larger one where the
+operands' bounds overlap); ``abs``/``neg`` are exact; ``tanh`` is 1-Lipschitz; integer arithmetic is exact.
 
 A comparison of values that carry error may come out differently in exact arithmetic: where
 ``|a - b| ≤ e_a + e_b`` (and the bounds are not both 0) its result is *uncertain* (an infinite bound on a
-boolean), and a ``select`` on an uncertain condition covers the other branch too,
-``|t - f| + e_t + e_f``.  That is how a guard such as ``select(x == 0, x, x·q)`` that hides a singular or
-lost value shows: its bound stays large.  Non-finite results get an infinite bound, except where they are
-exact consequences of exact operands (``-inf`` as a max identity, ``x - (-inf)``, a division by an exact 0);
-an overflow of finite operands is not exact.  Uninitialised temporaries (NaN) have infinite bounds.
+boolean), and a ``select`` on an uncertain condition covers the other branch too: its bound is
+``max(e_chosen, |chosen - other| + e_other)``.  That is how a guard such as ``select(x == 0, x, x·q)``
+that hides a singular or lost value shows: its bound stays large.  Non-finite results get an infinite
+bound, except where they are exact consequences of exact operands (``-inf`` as a max identity,
+``x - (-inf)``, a division by an exact 0); an overflow of finite operands is not exact.  Uninitialised
+temporaries (NaN) have infinite bounds.
+
+The bound is rigorous only to first order, and blind to correlation: a value and its copy (a producer's
+running value and the one saved before its update) count as independent, so ``t - r + r'`` adds both
+bounds although their errors cancel.  :mod:`polyfuse.differential` allows for that.
 
 Bounds are computed in float64; their own rounding (relative 2^-53) is ignored.
 """
@@ -220,7 +225,9 @@ def _binop(e: BinOp, a: list[np.ndarray], errors: list[Value]) -> Value:
         room = np.abs(y) - ey
         return np.where(room > 0, (ex + np.abs(x / y) * ey) / room, _INF)
     if op in ("max", "min"):
-        return np.maximum(ex, ey)
+        # the larger bound where the exact operands may compare the other way, else the chosen one's
+        first = (x >= y) if op == "max" else (x <= y)
+        return np.where(np.abs(x - y) > ex + ey, np.where(first, ex, ey), np.maximum(ex, ey))
     if op == "pow":
         return _power(x, y, ex, ey)
     # floor division and remainder jump: exact only on exact operands
@@ -276,10 +283,14 @@ def _boolean(op: str, a: list[np.ndarray], errors: list[Value]) -> Value:
 
 
 def _select(a: list[np.ndarray], errors: list[Value]) -> Value:
+    """The chosen branch's bound; where the condition is uncertain the exact value may be the other branch's,
+    within ``|chosen - other| + e_other`` of the computed one."""
     (c, t, f), (ec, et, ef) = a, errors
-    chosen = np.where(c != 0, et, ef)
-    flip = np.abs(t - f) + et + ef
-    return np.where(ec > 0, np.where(np.isnan(flip), _INF, flip), chosen)
+    pick = c != 0
+    chosen, other = np.where(pick, t, f), np.where(pick, f, t)
+    e_chosen, e_other = np.where(pick, et, ef), np.where(pick, ef, et)
+    flip = np.maximum(e_chosen, np.abs(chosen - other) + e_other)
+    return np.where(ec > 0, np.where(np.isnan(flip), _INF, flip), e_chosen)
 
 
 __all__ = ["LIBM_ULPS", "UNDERFLOW", "UNIT_ROUNDOFF", "interpret_with_bounds", "rounding"]
