@@ -9,7 +9,7 @@ program, and a C++ kernel for every ``CPP_EVERY``-th.  ``test_fuzzed_cascades_lo
 does the same from the command line).
 
 ``test_corpus`` replays every failure the fuzzer found (``fuzz_corpus/*.json``: the program as builder
-Python, the schedule steps, the inputs).  Entries the current code still gets wrong carry the class of
+Python, the schedule steps, the inputs, the backends to check; ``fuzz_run.py --save`` writes them).  Entries the current code still gets wrong carry the class of
 issue 20 they belong to under ``xfail``; they are strict, so a fix shows as XPASS: then drop the key.
 """
 
@@ -98,5 +98,5 @@ def test_corpus(entry):
     np_dtype = np.float64 if entry["dtype"] == "f64" else np.float32
     input_sets = [{k: np.asarray(v, dtype=np_dtype) for k, v in d.items()} for d in entry["inputs"]]
     report = check_schedule(program, scheduled.sch.program, input_sets, sizes=entry["sizes"],
-                            backends=_backends(True))
+                            backends=entry.get("backends", ("fused", "tile")))
     assert not report.wrong, "\n".join(f.line() for f in report.wrong)
