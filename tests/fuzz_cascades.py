@@ -1,6 +1,7 @@
 """Random cascaded reductions, their inputs and their schedules, for the differential fuzzer.
 
-A *cascade* is a chain of 2-4 reductions over the rows of ``x[N, M]`` (sometimes also ``y[N, M]``), each
+A *cascade* is a chain of 2-4 reductions over the rows of ``x[N, M]`` (sometimes also ``y[N, M]``; sometimes
+over a 2-D tile ``x[N, M, K]``, or with the first reduction's loop running backwards), each
 later reduction's term reading earlier results through terms of the shapes real code has (``exp(x - max)``,
 ``x / sum``, ``(x - mean)²``, ``x / sqrt(ssq/M + eps)``, ``|x| / amax`` …) or random ones; sometimes a map
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
@@ -25,7 +26,8 @@ from typing import Protocol, TypeVar
 import numpy as np
 
 from polyfuse.ir import (
-    Expr, Program, ProgramBuilder, Tensor, const, eq, exp, log, maximum, minimum, reduce, select, sqrt, tanh,
+    Expr, Program, ProgramBuilder, Tensor, const, eq, exp, log, maximum, minimum, reduce, select, spatial, sqrt,
+    tanh,
 )
 
 T = TypeVar("T")
@@ -145,10 +147,41 @@ def _random_term(draw: Draw, lv: _Leaves, depth: int) -> Expr:
     return {"+": a + b, "-": a - b, "*": a * b, "/": a / b, "max": maximum(a, b), "min": minimum(a, b)}[op]
 
 
+LAYOUTS = ("row",) * 8 + ("reversed", "tile2d")
+"""``row``: reductions over ``x[i, j]``; ``reversed``: the first reduction's loop runs backwards (``j = M-1-j'``),
+sometimes a consumer's too; ``tile2d``: reductions over a 2-D tile ``x[i, j, k]`` (``j`` and ``k`` reduce)."""
+
+
+@dataclass
+class _Shape:
+    """The reduce dimensions of a cascade: ``dims`` (name, extent) after the row ``i``."""
+
+    N: object
+    dims: list[tuple[str, object]]
+
+    def reduce(self) -> dict:
+        return {d: reduce(e) for d, e in self.dims}
+
+    def spatial(self) -> dict:
+        return {d: e for d, e in self.dims}
+
+    @property
+    def full(self) -> tuple:
+        return (self.N, *(e for _, e in self.dims))
+
+    def count(self, dtype: str) -> Expr:
+        """The elements one reduction reduces (the ``M`` of a mean), in ``dtype``."""
+        total: object = 1
+        for _, e in self.dims:
+            total = total * e
+        return total.astype(dtype) if isinstance(total, Expr) else const(float(total), dtype)
+
+
 def cascade(draw: Draw) -> Cascade:
     """A random chain of 2-4 reductions over the rows of ``x`` (see the module docstring)."""
     dtype = draw.choice(["f64", "f32"])
     symbolic = draw.boolean(0.2)
+    layout = draw.choice(LAYOUTS)
     p = ProgramBuilder("cascade")
     if symbolic:
         N, M = p.sizes("N", "M")
@@ -156,10 +189,10 @@ def cascade(draw: Draw) -> Cascade:
     else:
         N, M = draw.choice([1, 2, 3]), draw.choice(SIZES)
         m_size = M
-    x = p.input("x", (N, M), dtype)
-    y = p.input("y", (N, M), dtype) if draw.boolean(0.25) else None
+    shape = _Shape(N, [("j", M)] + ([("k", draw.choice([2, 3]))] if layout == "tile2d" else []))
+    x = p.input("x", shape.full, dtype)
+    y = p.input("y", shape.full, dtype) if draw.boolean(0.25) else None
     count = draw.integer(2, 4)
-    results: list[Tensor] = []
     producers: list[tuple[str, Tensor]] = []
     names = []
     for n in range(count):
@@ -167,29 +200,35 @@ def cascade(draw: Draw) -> Cascade:
         last = n == count - 1
         r = (p.output if last or draw.boolean() else p.temp)(f"r{n}", (N,), dtype)
         init = draw.choice(INITS) if n and draw.boolean(0.25) else None
-        staged = n and draw.boolean(0.25)
-        if staged:
-            tmp = p.temp(f"t{n}", (N, M), dtype)
-            with p.nest(f"m{n}", i=N, j=M) as (i, j):
-                tmp[i, j] = _term(draw, n, x, y, producers, M, i, j)
-        with p.nest(f"s{n}", i=N, j=reduce(M), **({"init": init} if init is not None else {})) as (i, j):
-            term = tmp[i, j] if staged else _term(draw, n, x, y, producers, M, i, j)
-            r[i] = _combine(red, r[i], term)
+        tmp = None
+        if n and draw.boolean(0.25):
+            tmp = p.temp(f"t{n}", shape.full, dtype)
+            with p.nest(f"m{n}", i=N, **shape.spatial()) as idx:
+                tmp[idx] = _term(draw, n, x, y, producers, shape, idx)
+        kw = {} if init is None else {"init": init}
+        if layout == "reversed" and (n == 0 or draw.boolean(0.3)):
+            with p.loop("i", N) as li, p.loop("j", M) as lj:
+                with p.block(f"s{n}", i=spatial(N, li), j=reduce(M, M - 1 - lj), **kw) as idx:
+                    r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
+                                         _term(draw, n, x, y, producers, shape, idx))
+        else:
+            with p.nest(f"s{n}", i=N, **shape.reduce(), **kw) as idx:
+                r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
+                                     _term(draw, n, x, y, producers, shape, idx))
         producers.append((red, r))
-        results.append(r)
         names.append(f"s{n}")
     if draw.boolean(0.3):
-        _epilogue(draw, p, x, producers, N, M, dtype)
+        _epilogue(draw, p, x, producers, shape, dtype)
     return Cascade(p.build(), names, dtype, m_size, symbolic)
 
 
-def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple[str, Tensor]], M, i, j) -> Expr:
+def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple[str, Tensor]], shape: _Shape,
+          idx: tuple) -> Expr:
+    xv = x[idx]
     if n == 0:
-        return x[i, j] if draw.boolean(0.7) else draw.choice([lambda: abs(x[i, j]), lambda: exp(x[i, j]),
-                                                              lambda: x[i, j] * x[i, j]])()
-    m = M if isinstance(M, Expr) else const(M, x.dtype)
-    lv = _Leaves(x[i, j], None if y is None else y[i, j], [(red, r[i]) for red, r in producers],
-                 m.astype(x.dtype) if isinstance(M, Expr) else m)
+        return xv if draw.boolean(0.7) else draw.choice([lambda: abs(xv), lambda: exp(xv), lambda: xv * xv])()
+    lv = _Leaves(xv, None if y is None else y[idx], [(red, r[idx[0]]) for red, r in producers],
+                 shape.count(str(x.dtype)))
     return _real_term(draw, lv) if draw.boolean(0.7) else _random_term(draw, lv, draw.integer(1, 3))
 
 
@@ -198,17 +237,18 @@ def _combine(red: str, acc: Expr, term: Expr) -> Expr:
         acc + term if red == "sum" else acc * term)
 
 
-def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[str, Tensor]], N, M,
+def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[str, Tensor]], shape: _Shape,
               dtype: str) -> None:
     (_, a), (_, b) = producers[0], producers[-1]
     if draw.boolean():
-        out = p.output("out", (N, M), dtype)
-        with p.nest("epilogue", i=N, j=M) as (i, j):
-            out[i, j] = draw.choice([lambda: exp(x[i, j] - a[i]) / b[i], lambda: x[i, j] / b[i],
-                                     lambda: (x[i, j] - a[i]) * b[i]])()
+        out = p.output("out", shape.full, dtype)
+        with p.nest("epilogue", i=shape.N, **shape.spatial()) as idx:
+            i = idx[0]
+            out[idx] = draw.choice([lambda: exp(x[idx] - a[i]) / b[i], lambda: x[idx] / b[i],
+                                    lambda: (x[idx] - a[i]) * b[i]])()
     else:
-        out = p.output("out", (N,), dtype)
-        with p.nest("epilogue", i=N) as (i,):
+        out = p.output("out", (shape.N,), dtype)
+        with p.nest("epilogue", i=shape.N) as (i,):
             out[i] = draw.choice([lambda: log(b[i]) + a[i], lambda: a[i] / b[i], lambda: sqrt(abs(b[i]))])()
 
 
@@ -239,13 +279,17 @@ def row(draw: Draw, rng: np.random.Generator, m: int) -> np.ndarray:
 
 
 def inputs(draw: Draw, c: Cascade, seed: int) -> tuple[dict[str, np.ndarray], dict[str, int] | None]:
-    """One input set for ``c`` (and the sizes, when they are symbolic)."""
+    """One input set for ``c`` (and the sizes, when they are symbolic): each row of ``x`` (and ``y``) a drawn
+    kind, over all its reduced elements."""
     rng = np.random.default_rng(seed)
-    names = [t.name for t in c.program.inputs]
+    decl = c.program.inputs[0].shape
     if c.symbolic:
         n, m = draw.integer(1, 3), draw.choice(SIZES)
+        shape = (n, m, *(int(d.value) for d in decl[2:]))  # type: ignore[attr-defined]
     else:
-        n, m = (int(d.value) for d in c.program.inputs[0].shape)  # type: ignore[attr-defined]
+        shape = tuple(int(d.value) for d in decl)  # type: ignore[attr-defined]
     np_dtype = np.float64 if c.dtype == "f64" else np.float32
-    data = {k: np.stack([row(draw, rng, m) for _ in range(n)]).astype(np_dtype) for k in names}
-    return data, ({"N": n, "M": m} if c.symbolic else None)
+    per_row = int(np.prod(shape[1:]))
+    data = {t.name: np.stack([row(draw, rng, per_row) for _ in range(shape[0])]).reshape(shape).astype(np_dtype)
+            for t in c.program.inputs}
+    return data, ({"N": shape[0], "M": shape[1]} if c.symbolic else None)

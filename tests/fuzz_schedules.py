@@ -13,9 +13,11 @@ Fusion recipes (those of ``polyfuse.ops.schedules``), over the reduce loop ``j``
   rolls over ``j_1`` (``_attention_decode_gpu``);
 - ``none``: ordinary primitives only.
 
-Ordinary primitives (split, reorder, fuse, tile, compute_at, reverse_compute_at, compute_inline,
-cache_read, cache_write, set_scope, compact_buffers, decompose_reduction, rfactor) come before and after
-the fusion, on random blocks and loops: most are refused, which must be a PolyfuseError.
+Ordinary primitives (split, reorder, fuse, tile, compute_at, reverse_compute_at, recompute_at,
+compute_inline, reverse_compute_inline, cache_read, cache_write, set_scope, compact_buffers,
+decompose_reduction, rfactor, annotate) come before and after the fusion, on random blocks and loops: most
+are refused, which must be a PolyfuseError.  (A ``parallel`` annotation of a reduction loop that is
+accepted shows in the C++ kernel, which runs such loops with OpenMP.)
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from polyfuse.transforms import Schedule
 
 RECIPES = ("roll", "roll", "roll_tiles", "split_k", "split_k_roll", "none")
 ORDINARY = ("split", "reorder", "fuse", "tile", "compute_at", "reverse_compute_at", "compute_inline",
-            "cache_read", "cache_write", "set_scope", "compact_buffers", "decompose_reduction", "rfactor")
+            "cache_read", "cache_write", "set_scope", "compact_buffers", "decompose_reduction", "rfactor",
+            "recompute_at", "reverse_compute_inline", "annotate")
+KINDS = ("parallel", "unrolled", "vectorized")
 SCOPES = ("global", "shared", "local")
 FUSIONS = ("rolling_update", "split_k_update")
 
@@ -158,12 +162,14 @@ def ordinary_step(draw: Draw, sch: Schedule) -> str:
         if prim == "tile":
             return f"sch.tile([{', '.join(pair)}], [{draw.integer(1, 3)}, {draw.integer(2, 4)}])"
         return f"sch.{prim}([{', '.join(pair)}])"
-    if prim in ("compute_at", "reverse_compute_at"):
+    if prim == "annotate":
+        return f"sch.annotate({loop}, {draw.choice(KINDS)!r})"
+    if prim in ("compute_at", "reverse_compute_at", "recompute_at"):
         other = draw.choice(blocks)
         other_loops = [r.name for r in sch.get_loops(other)] or ["i"]
         return f"sch.{prim}({block!r}, {_loop(other, draw.choice(other_loops))})"
-    if prim == "compute_inline":
-        return f"sch.compute_inline({block!r})"
+    if prim in ("compute_inline", "reverse_compute_inline"):
+        return f"sch.{prim}({block!r})"
     if prim == "cache_read":
         return f"sch.cache_read({block!r}, {draw.choice([0, 1, 'x'])!r}, {draw.choice(SCOPES)!r})"
     if prim in ("cache_write", "set_scope"):

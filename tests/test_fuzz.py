@@ -9,8 +9,9 @@ program, and a C++ kernel for every ``CPP_EVERY``-th.  ``test_fuzzed_cascades_lo
 does the same from the command line).
 
 ``test_corpus`` replays every failure the fuzzer found (``fuzz_corpus/*.json``: the program as builder
-Python, the schedule steps, the inputs, the backends to check; ``fuzz_run.py --save`` writes them).  Entries the current code still gets wrong carry the class of
-issue 20 they belong to under ``xfail``; they are strict, so a fix shows as XPASS: then drop the key.
+Python, the schedule steps, the inputs, the backends to check; ``fuzz_run.py --save`` writes them).  Entries
+the current code still gets wrong carry the class of issue 20 they belong to under ``xfail``; they are
+strict, so a fix shows as XPASS: then drop the key.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ _COUNT = iter(range(10**9))
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_fuzzed_cascades(data, seed):
     case = fuzz_case(HypothesisDraw(data), seed, _backends(next(_COUNT) % CPP_EVERY == 0))
-    assert not case.failures, _failures(case)
+    assert not case.failures, _failures(case)  # replay: python tests/fuzz_run.py with the printed steps
 
 
 @pytest.mark.slow
