@@ -1,4 +1,5 @@
-"""Run the differential fuzzer: ``python tests/fuzz_run.py -n 1000 [--seed S] [--cpp-every K] [--save DIR]``.
+"""Run the differential fuzzer: ``python tests/fuzz_run.py -n 1000 [--seed S] [--cpp-every K] [--save DIR]``,
+or re-check corpus entries: ``python tests/fuzz_run.py --replay tests/fuzz_corpus/*.json [--verbose]``.
 
 Case ``k`` is drawn from ``RandomDraw(seed + k)``, so ``--seed S+k -n 1`` replays it.  Prints a summary
 (programs, fused, refused by reason, wrong, crashed, the fusion fraction) and, with ``--save``, writes
@@ -20,8 +21,9 @@ from pathlib import Path
 import numpy as np
 
 from fuzz_cascades import Cascade, Draw, RandomDraw, cascade, inputs
-from fuzz_schedules import Scheduled, schedule
-from polyfuse.differential import CRASH, WRONG, Finding, Report, Tally, check_schedule
+from fuzz_schedules import Scheduled, replay, schedule
+from polyfuse.differential import CRASH, REFUSED, WRONG, Finding, Report, Tally, check_schedule
+from polyfuse.ir import Program
 
 INPUT_SETS = 2
 
@@ -94,6 +96,26 @@ def record(case: Case, finding: Finding) -> dict:
     }
 
 
+def load_program(text: str) -> Program:
+    """The program a printed program (builder Python defining ``program()``) builds."""
+    namespace: dict = {}
+    exec(compile(text, "<corpus program>", "exec"), namespace)
+    return namespace["program"]()
+
+
+def check_entry(entry: dict) -> list[Finding]:
+    """Replay a corpus entry: its steps on its program, then the check on its inputs; the failures found."""
+    program = load_program(entry["program"])
+    scheduled = replay(program, entry["steps"])
+    failures = [f for f in scheduled.findings if f.kind != REFUSED]
+    if failures or not len(scheduled.sch.trace):
+        return failures
+    np_dtype = np.float64 if entry["dtype"] == "f64" else np.float32
+    input_sets = [{k: np.asarray(v, dtype=np_dtype) for k, v in d.items()} for d in entry["inputs"]]
+    return check_schedule(program, scheduled.sch.program, input_sets, sizes=entry["sizes"],
+                          backends=entry.get("backends", ("fused", "tile"))).wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=200)
@@ -102,7 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--save", type=Path, default=None)
     ap.add_argument("--timeout", type=int, default=120, help="seconds per case (a case past it is a crash)")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--replay", type=Path, nargs="+", help="re-check corpus entries (JSON) and print their findings")
     args = ap.parse_args(argv)
+    if args.replay:
+        for path in args.replay:
+            entry = json.loads(path.read_text())
+            found = check_entry(entry)
+            print(f"=== {path.name}: {'FAILS' if found else 'passes'} ({entry['class']})")
+            if args.verbose:
+                print(entry["program"] + "\n".join(entry["steps"]))
+            for f in found:
+                print(f.line())
+        return 0
     tally = Tally()
     start = time.time()
     if args.save:

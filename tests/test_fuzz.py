@@ -21,15 +21,13 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from fuzz_cascades import HypothesisDraw, RandomDraw
-from fuzz_run import fuzz_case
-from fuzz_schedules import replay
-from polyfuse.differential import Tally, check_schedule
+from fuzz_run import check_entry, fuzz_case
+from polyfuse.differential import Tally
 
 FAST_EXAMPLES = 60
 CPP_EVERY = 15
@@ -55,7 +53,7 @@ _COUNT = iter(range(10**9))
 @given(data=st.data(), seed=st.integers(0, 2**16))
 def test_fuzzed_cascades(data, seed):
     case = fuzz_case(HypothesisDraw(data), seed, _backends(next(_COUNT) % CPP_EVERY == 0))
-    assert not case.failures, _failures(case)  # replay: python tests/fuzz_run.py with the printed steps
+    assert not case.failures, _failures(case)
 
 
 @pytest.mark.slow
@@ -84,20 +82,7 @@ def _entries() -> list:
     return params
 
 
-def load_program(text: str):
-    namespace: dict = {}
-    exec(compile(text, "<corpus program>", "exec"), namespace)
-    return namespace["program"]()
-
-
 @pytest.mark.parametrize("entry", _entries())
 def test_corpus(entry):
-    program = load_program(entry["program"])
-    scheduled = replay(program, entry["steps"])
-    failures = [f for f in scheduled.findings if f.kind != "refused"]
+    failures = check_entry(entry)
     assert not failures, "\n".join(f.line() for f in failures)
-    np_dtype = np.float64 if entry["dtype"] == "f64" else np.float32
-    input_sets = [{k: np.asarray(v, dtype=np_dtype) for k, v in d.items()} for d in entry["inputs"]]
-    report = check_schedule(program, scheduled.sch.program, input_sets, sizes=entry["sizes"],
-                            backends=entry.get("backends", ("fused", "tile")))
-    assert not report.wrong, "\n".join(f.line() for f in report.wrong)
