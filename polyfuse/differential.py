@@ -267,45 +267,58 @@ def _check_inputs(report: Report, plain: Program, scheduled: Program, inputs: In
 
 @dataclass
 class Tally:
-    """Counts over many checked programs, for the fuzzer's summary."""
+    """Counts over many checked programs, for the fuzzer's summary.
+
+    A program is *crashed* or *wrong* if any stage was; else *refused* if no schedule step applied; else
+    *equal* (its scheduled program checked equal; ``backend_refused`` of those had a tile or C++ stage
+    refused).  The fusion fraction is the share of the programs whose schedule asked for a fusion in which
+    at least one fusion step applied; ``fusion_steps`` counts the steps asked and applied.
+    """
 
     programs: int = 0
     with_fusion: int = 0
     fused: int = 0
     equal: int = 0
+    backend_refused: int = 0
     wrong: int = 0
     crashed: int = 0
     refused_programs: int = 0
     checked: int = 0
     unchecked: int = 0
+    fusion_steps: list[int] = field(default_factory=lambda: [0, 0])
     refusals: Counter = field(default_factory=Counter)
     failures: Counter = field(default_factory=Counter)
 
-    def add(self, *, asked_fusion: bool, fused: bool, applied: bool, findings: Sequence[Finding],
+    def add(self, *, fusion_steps: tuple[int, int], applied: bool, findings: Sequence[Finding],
             report: Report | None) -> None:
+        """Count one program: its (asked, applied) fusion steps, whether any step applied, what was found."""
         self.programs += 1
-        self.with_fusion += asked_fusion
-        self.fused += fused
+        self.with_fusion += fusion_steps[0] > 0
+        self.fused += fusion_steps[1] > 0
+        self.fusion_steps = [self.fusion_steps[0] + fusion_steps[0], self.fusion_steps[1] + fusion_steps[1]]
         for f in findings:
-            (self.refusals if f.kind == REFUSED else self.failures)[(f.kind, f.stage.split("(")[0], f.reason)] += 1
+            (self.refusals if f.kind == REFUSED else self.failures)[(f.kind, f.stage, f.reason)] += 1
         if report is not None:
             self.checked += report.checked
             self.unchecked += report.unchecked
-        kinds = {f.kind for f in findings if f.kind != REFUSED or f.stage in ("tile", "cpp")}
+        kinds = {f.kind for f in findings}
         if CRASH in kinds:
             self.crashed += 1
         elif WRONG in kinds:
             self.wrong += 1
-        elif not applied or REFUSED in kinds:
+        elif not applied:
             self.refused_programs += 1
         else:
             self.equal += 1
+            self.backend_refused += any(f.kind == REFUSED and f.stage in ("tile", "cpp") for f in findings)
 
     def summary(self) -> str:
         frac = self.fused / self.with_fusion if self.with_fusion else 0.0
-        lines = [f"programs {self.programs}: equal {self.equal}, refused {self.refused_programs}, "
-                 f"wrong {self.wrong}, crashed {self.crashed}",
-                 f"fusion asked {self.with_fusion}, fused {self.fused} (fusion fraction {frac:.1%})",
+        asked, applied = self.fusion_steps
+        lines = [f"programs {self.programs}: equal {self.equal} (tile or C++ refused in {self.backend_refused}), "
+                 f"refused {self.refused_programs}, wrong {self.wrong}, crashed {self.crashed}",
+                 f"programs asking for a fusion {self.with_fusion}, fused {self.fused} (fusion fraction "
+                 f"{frac:.1%}); fusion steps asked {asked}, applied {applied}",
                  f"elements checked {self.checked}, unchecked (plain bound infinite) {self.unchecked}"]
         for title, counter in (("failures", self.failures), ("refusals", self.refusals)):
             if counter:

@@ -14,7 +14,7 @@ import json
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ INPUT_SETS = 2
 class Case:
     """One fuzzed program, its schedule, inputs and the check's report (None where nothing was applied)."""
 
+    seed: int
     cascade: Cascade
     scheduled: Scheduled
     inputs: list[dict[str, np.ndarray]]
@@ -78,7 +79,24 @@ def fuzz_case(draw: Draw, seed: int, backends: tuple[str, ...]) -> Case:
     report = None
     if len(s.sch.trace) and not s.crashed:
         report = check_schedule(c.program, s.sch.program, data, sizes=sizes, backends=backends)
-    return Case(c, s, data, sizes, report)
+    return Case(seed, c, s, data, sizes, report)
+
+
+def run(seeds: Iterable[int], tally: Tally, *, cpp_every: int = 0, timeout: int = 120) -> Iterator[Case]:
+    """Fuzz a case per seed (with C++ every ``cpp_every``-th, within ``timeout`` seconds each), count it in
+    ``tally`` and yield it; a case that runs out of time outside a checked stage counts as crashed."""
+    for k, seed in enumerate(seeds):
+        backends = ("fused", "tile", "cpp") if cpp_every and k % cpp_every == 0 else ("fused", "tile")
+        try:
+            with time_limit(timeout):
+                case = fuzz_case(RandomDraw(seed), seed, backends)
+        except CaseTimeout as err:
+            tally.add(fusion_steps=(0, 0), applied=False, findings=[Finding(CRASH, "generate", "timeout", str(err))],
+                      report=None)
+            continue
+        tally.add(fusion_steps=(case.scheduled.fusion_steps[0], case.scheduled.fusion_steps[1]),
+                  applied=bool(len(case.scheduled.sch.trace)), findings=case.findings, report=case.report)
+        yield case
 
 
 def record(case: Case, finding: Finding) -> dict:
@@ -140,22 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     start = time.time()
     if args.save:
         args.save.mkdir(parents=True, exist_ok=True)
-    for k in range(args.n):
-        seed = args.seed + k
-        cpp = args.cpp_every and k % args.cpp_every == 0
-        try:
-            with time_limit(args.timeout):
-                case = fuzz_case(RandomDraw(seed), seed, ("fused", "tile", "cpp") if cpp else ("fused", "tile"))
-        except CaseTimeout:
-            print(f"--- seed {seed}: timeout outside the checked stages", flush=True)
-            continue
-        tally.add(asked_fusion=case.scheduled.asked_fusion, fused=case.scheduled.fused,
-                  applied=bool(len(case.scheduled.sch.trace)), findings=case.findings, report=case.report)
+    for k, case in enumerate(run(range(args.seed, args.seed + args.n), tally, cpp_every=args.cpp_every,
+                                 timeout=args.timeout)):
         for f in case.failures:
             if args.verbose:
-                print(f"--- seed {seed}: {f.kind} at {f.stage}: {f.reason}\n{f.detail}", flush=True)
+                print(f"--- seed {case.seed}: {f.kind} at {f.stage}: {f.reason}\n{f.detail}", flush=True)
             if args.save:
-                path = args.save / f"seed{seed}_{f.stage}.json"
+                path = args.save / f"seed{case.seed}_{f.stage}.json"
                 path.write_text(json.dumps(record(case, f), indent=1))
         if (k + 1) % 100 == 0:
             print(f"[{k + 1} cases, {time.time() - start:.0f} s: {tally.wrong} wrong, {tally.crashed} crashed]",

@@ -39,26 +39,29 @@ FUSIONS = ("rolling_update", "split_k_update")
 
 @dataclass
 class Scheduled:
-    """A schedule being drawn: the lines tried, what they found, whether a fusion was asked and applied."""
+    """A schedule being drawn: the lines tried, what they found, the fusion steps asked and applied."""
 
     sch: Schedule
     recipe: str = "none"
     steps: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
-    asked_fusion: bool = False
-    fused: bool = False
+    fusion_steps: list[int] = field(default_factory=lambda: [0, 0])
 
     def step(self, text: str) -> bool:
         """Apply ``text``; True if it was applied."""
         self.steps.append(text)
         fusion = any(f in text for f in FUSIONS)
-        self.asked_fusion |= fusion
+        self.fusion_steps[0] += fusion
         found = apply_step(self.sch, text)
         if found is not None:
             self.findings.append(found)
             return False
-        self.fused |= fusion
+        self.fusion_steps[1] += fusion
         return True
+
+    @property
+    def fused(self) -> bool:
+        return self.fusion_steps[1] > 0
 
     @property
     def crashed(self) -> bool:

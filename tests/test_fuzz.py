@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from fuzz_cascades import HypothesisDraw, RandomDraw
-from fuzz_run import check_entry, fuzz_case
+from fuzz_cascades import HypothesisDraw
+from fuzz_run import check_entry, fuzz_case, run
 from polyfuse.differential import Tally
 
 FAST_EXAMPLES = 60
@@ -59,14 +59,9 @@ def test_fuzzed_cascades(data, seed):
 @pytest.mark.slow
 @pytest.mark.skipif("POLYFUSE_FUZZ_EXAMPLES" not in os.environ, reason="set POLYFUSE_FUZZ_EXAMPLES=N to run N cases")
 def test_fuzzed_cascades_long():
-    n = int(os.environ["POLYFUSE_FUZZ_EXAMPLES"])
     tally = Tally()
-    failed = []
-    for seed in range(n):
-        case = fuzz_case(RandomDraw(seed), seed, _backends(True))
-        tally.add(asked_fusion=case.scheduled.asked_fusion, fused=case.scheduled.fused,
-                  applied=bool(len(case.scheduled.sch.trace)), findings=case.findings, report=case.report)
-        failed += [(seed, f.line()) for f in case.failures]
+    failed = [(case.seed, f.line()) for case in run(range(int(os.environ["POLYFUSE_FUZZ_EXAMPLES"])), tally,
+                                                     cpp_every=1 if HAVE_GXX else 0) for f in case.failures]
     print(tally.summary())
     assert not failed, "\n".join(f"seed {s}: {line}" for s, line in failed[:20])
 
