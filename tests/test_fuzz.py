@@ -29,8 +29,8 @@ from fuzz_cascades import HypothesisDraw
 from fuzz_run import check_entry, fuzz_case, run
 from polyfuse.differential import Tally
 
-FAST_EXAMPLES = 60
-CPP_EVERY = 15
+FAST_EXAMPLES = 150
+CPP_EVERY = 10
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 HAVE_GXX = shutil.which("g++") is not None
 
