@@ -235,3 +235,38 @@ def test_an_uninitialised_read_is_unbounded():
         y[i, j] = t[i, j] + 1.0
     v, e = _bounded(p.build(), x=np.ones((1, 2), np.float32))["y"]
     assert v[0, 0] == 2.0 and e[0, 0] < 1e-6 and np.isnan(v[0, 1]) and np.isinf(e[0, 1])
+
+
+# ------------------------------------------------------------------ generated cascades, plain and fused
+
+def _twin(program, dtype: str):
+    from fuzz_run import load_program
+
+    return load_program(str(program).replace('"f32"', f'"{dtype}"').replace('"f64"', f'"{dtype}"'))
+
+
+@settings(max_examples=30, derandomize=True, deadline=None, database=None,
+          suppress_health_check=list(HealthCheck))
+@given(data=st.data(), seed=st.integers(0, 2**16))
+def test_cascades_in_f32_are_within_bounds_of_their_f64_twin(data, seed):
+    """The fuzzer's programs, plain and scheduled, in f32 and in f64 on the same (f32) inputs."""
+    from fuzz_cascades import HypothesisDraw, cascade, inputs
+    from fuzz_schedules import replay, schedule
+
+    draw = HypothesisDraw(data)
+    c = cascade(draw)
+    steps = schedule(draw, c).steps
+    values, sizes = inputs(draw, c, seed)
+    for program in (c.program, replay(c.program, steps).sch.program):
+        single, double = _twin(program, "f32"), _twin(program, "f64")
+        got32 = interpret_with_bounds(single, {k: v.astype(np.float32) for k, v in values.items()}, sizes)
+        got64 = interpret_with_bounds(double, {k: v.astype(np.float32).astype(np.float64) for k, v in values.items()},
+                                      sizes)
+        for name, (v32, e32) in got32.items():
+            v64, e64 = got64[name]
+            both = np.isfinite(v32) & np.isfinite(v64)
+            with np.errstate(invalid="ignore"):
+                ok = ~both | (np.abs(v32.astype(np.float64) - v64) <= e32 + e64) | np.isinf(e32)
+            assert np.all(ok), (name, v32[~ok], v64[~ok], e32[~ok], e64[~ok])
+            overflow = np.isfinite(v64) & ~np.isfinite(v32)
+            assert np.all(np.isinf(e32[overflow])), (name, v32[overflow], v64[overflow])
