@@ -25,6 +25,7 @@ from typing import Protocol, TypeVar
 
 import numpy as np
 
+from polyfuse.ir.visit import loads
 from polyfuse.ir import (
     Expr, Program, ProgramBuilder, Tensor, const, eq, exp, log, maximum, minimum, reduce, select, spatial, sqrt,
     tanh,
@@ -229,7 +230,14 @@ def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple
         return xv if draw.boolean(0.7) else draw.choice([lambda: abs(xv), lambda: exp(xv), lambda: xv * xv])()
     lv = _Leaves(xv, None if y is None else y[idx], [(red, r[idx[0]]) for red, r in producers],
                  shape.count(str(x.dtype)))
-    return _real_term(draw, lv) if draw.boolean(0.7) else _random_term(draw, lv, draw.integer(1, 3))
+    if draw.boolean(0.7):
+        return _real_term(draw, lv)
+    term = _random_term(draw, lv, draw.integer(1, 3))
+    producers = {r.tensor.name for _, r in lv.producers}  # type: ignore[attr-defined]
+    if not any(ld.tensor.name in producers for ld in loads(term)):  # a consumer reads a producer
+        _, p = draw.choice(lv.producers)
+        term = draw.choice([lambda: term + p, lambda: term * p, lambda: exp(term - p)])()
+    return term
 
 
 def _combine(red: str, acc: Expr, term: Expr) -> Expr:
