@@ -6,7 +6,7 @@ plain program with :func:`~polyfuse.ir.errorbound.interpret_with_bounds` (values
 ``E_p`` on their distance to the exact result) and the scheduled one the same way (``f``, ``E_f``), then
 its tile program and its host C++ kernel, and reports every difference that rounding cannot explain.
 
-The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and underflow ``η``:
+The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and smallest normal number ``τ``:
 
 1. where ``p`` is NaN, +inf or -inf, ``f`` is the same;
 2. where ``p`` is finite, ``f`` is finite and ``|f - p| <= E_p + E_f``: both programs approximate the

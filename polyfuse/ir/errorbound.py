@@ -1,16 +1,18 @@
 """Run a program and bound, elementwise, how far each result is from its exact value.
 
 The exact value of a result is what the program computes on the same inputs in real arithmetic: every
-operation exact, constants as the IR holds them.  :func:`interpret_with_bounds` runs the program with the
-NumPy interpreter (its values are bit for bit those of :func:`~polyfuse.ir.interpret`) and carries, for
-every value, a bound ``e`` on ``|computed - exact|`` (Wilkinson's running error analysis): each operation
-propagates its operands' bounds through its own sensitivity and adds its rounding, ``u_d·|result| + η_d``
-for a correctly rounded operation in dtype ``d`` (``u`` the unit roundoff, ``η`` half the smallest
-subnormal where the result is below the smallest normal number, so that underflow is covered; sums and
-differences are exact there, and a product with an exact 0 is exact), ``LIBM_ULPS`` units in the last
-place for a library function (``exp``, ``log``, ``tanh``, ``pow`` …).  Reductions run in the program's
-order, so an ``n``-term sum accumulates ``u·Σ|partial sums| ≤ n·u·Σ|t|``, and a difference of nearly equal
-values keeps the bounds of both: cancellation shows as a bound large next to the result.
+operation exact, integer constants as written, and a constant that is not an integer the real number it stands
+for (``1e-5``, a solver's ``1/M``), which its value in the IR approximates within one rounding.
+:func:`interpret_with_bounds` runs the program with the NumPy interpreter (its values are bit for bit those of
+:func:`~polyfuse.ir.interpret`) and carries, for every value, a bound ``e`` on ``|computed - exact|``
+(Wilkinson's running error analysis): each operation propagates its operands' bounds through its own
+sensitivity and adds its rounding, ``u_d·|result| + η_d`` for a correctly rounded operation in dtype ``d``
+(``u`` the unit roundoff, ``η`` half the smallest subnormal where the result is below the smallest normal
+number, so that underflow is covered; sums and differences are exact there, and a product with an exact 0 is
+exact), ``LIBM_ULPS`` units in the last place for a library function (``exp``, ``log``, ``tanh``, ``pow`` …).
+Reductions run in the program's order, so an ``n``-term sum accumulates ``u·Σ|partial sums| ≤ n·u·Σ|t|``, and
+a difference of nearly equal values keeps the bounds of both: cancellation shows as a bound large next to the
+result.
 
 Propagation is exact where that is cheap, first order otherwise: ``a·b`` adds ``|a|e_b + |b|e_a + e_a e_b``;
 ``a/b`` gives ``(e_a + |a/b|·e_b) / (|b| - e_b)``, infinite when ``e_b ≥ |b|`` (the exact divisor may be 0);
