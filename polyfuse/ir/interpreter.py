@@ -57,6 +57,15 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
     Size parameters are taken from ``sizes`` and from input shapes whose dimension is
     a bare parameter.  Inputs must have exactly the declared shapes and dtypes.
     """
+    bound, buffers = prepare(program, inputs, sizes)
+    Runner(bound, buffers).execute()
+    return {t.name: buffers[t.name] for t in results(bound, return_temps)}
+
+
+def prepare(program: Program, inputs: Mapping[str, np.ndarray],
+            sizes: Mapping[str, int] | None) -> tuple[Program, dict[str, np.ndarray]]:
+    """The program with its sizes bound (and the inits of reductions a size 0 leaves empty), and a buffer
+    per tensor: the inputs, NaN-filled (floats) or zero (integers) for the rest."""
     bound = init_empty_reductions(_bind(program, inputs, sizes or {}))
     buffers: dict[str, np.ndarray] = {}
     for t in bound.tensors:
@@ -72,11 +81,12 @@ def interpret(program: Program, inputs: Mapping[str, np.ndarray], sizes: Mapping
         else:
             fill = np.nan if t.dtype.is_float else 0
             buffers[t.name] = np.full(shape, fill, dtype=t.dtype.numpy)
-    runner = _Runner(bound, buffers)
-    with np.errstate(all="ignore"):
-        runner.run(bound.body, {}, ())
-    keep = [t for t in bound.tensors if t.role != INPUT and (return_temps or t.role == "output")]
-    return {t.name: buffers[t.name] for t in keep}
+    return bound, buffers
+
+
+def results(program: Program, temps: bool = False) -> list[Tensor]:
+    """The tensors a run returns: the outputs, and the temporaries with ``temps``."""
+    return [t for t in program.tensors if t.role != INPUT and (temps or t.role == "output")]
 
 
 def check_promises(t: Tensor | Arg, values: np.ndarray) -> None:
@@ -130,11 +140,23 @@ def _static(e: Expr, what: str) -> int:
     raise UnboundSize(f"{what}: {e} is not a constant after binding sizes")
 
 
-class _Runner:
+class Runner:
+    """Runs a bound program over its buffers.
+
+    A subclass may carry something along with every value (the error-bound interpreter carries a bound):
+    a store writes what :meth:`stored` returns, through :meth:`store`; node values come from
+    :func:`apply`, so they are the same in every subclass.
+    """
+
     def __init__(self, program: Program, buffers: dict[str, np.ndarray]):
+        self.program = program
         self.buffers = buffers
         self.vectorized = {id(s) for s in walk_stmts(program.body) if isinstance(s, Loop) and _independent(s)}
         self.ndim = _vector_depth(program.body, self.vectorized)
+
+    def execute(self) -> None:
+        with np.errstate(all="ignore"):
+            self.run(self.program.body, {}, ())
 
     # ------------------------------------------------------------ statements
     def run(self, s: Stmt, env: dict[str, Value], axes: tuple[int, ...]) -> None:
@@ -180,11 +202,18 @@ class _Runner:
                 first = first & (ienv[iv.var.name] == 0)
             init_mask = guard & first
             if np.any(init_mask):
-                self.store(b, st.tensor, idx, self.expr(b.init, ienv, b, guard), init_mask)  # type: ignore[arg-type]
-        self.store(b, st.tensor, idx, self.expr(st.value, ienv, b, guard), guard)
+                self.store(b, st.tensor, idx, self.stored(b.init, ienv, b, guard), init_mask)
+        self.store(b, st.tensor, idx, self.stored(st.value, ienv, b, guard), guard)
 
-    def store(self, b: Block, t: Tensor, idx: list[Value], value: Value, mask: Value) -> None:
-        buf = self.buffers[t.name]
+    def stored(self, e: Expr, env: dict[str, Value], b: Block, guard: Value) -> object:
+        """What a store of ``e`` writes (here its value)."""
+        return self.expr(e, env, b, guard)
+
+    def store(self, b: Block, t: Tensor, idx: list[Value], value: object, mask: Value) -> None:
+        self.write(self.buffers[t.name], b, t, idx, value, mask)  # type: ignore[arg-type]
+
+    def write(self, buf: np.ndarray, b: Block, t: Tensor, idx: list[Value], value: Value, mask: Value) -> None:
+        """``buf[idx] = value`` where ``mask`` holds (``buf`` is ``t``'s buffer or one shaped like it)."""
         arrays = np.broadcast_arrays(*idx, value, mask)
         *ix, val, m = arrays
         if m.all():
@@ -209,36 +238,58 @@ class _Runner:
     # ------------------------------------------------------------ expressions
     def expr(self, e: Expr, env: dict[str, Value], b: Block, guard: Value = _TRUE) -> Value:
         if isinstance(e, Var):
-            try:
-                return env[e.name]
-            except KeyError:
-                raise IRError(f"block {b.name!r}: variable {e.name!r} has no value here") from None
+            return self.var(e, env, b)
         if isinstance(e, Const):
             return np.asarray(e.value, dtype=e.dtype.numpy)
         if isinstance(e, Load):
-            buf = self.buffers[e.tensor.name]
-            idx = [self.expr(i, env, b, guard) for i in e.indices]
-            self._check_bounds(b, e.tensor, idx, guard, "reads")
-            safe = tuple(np.clip(i, 0, n - 1) for i, n in zip(idx, buf.shape, strict=True))
-            return np.asarray(buf[safe])
-        if isinstance(e, BinOp):
-            a, c = self.expr(e.a, env, b, guard), self.expr(e.b, env, b, guard)
-            out = NUMPY_BINARY[e.op](a, c)
-            return np.asarray(out, dtype=e.dtype.numpy) if out.dtype != e.dtype.numpy else out
-        if isinstance(e, Call):
-            x = self.expr(e.args[0], env, b, guard)
-            if e.fn == "sigmoid":
-                one = np.asarray(1, dtype=x.dtype)
-                return np.asarray(one / (one + np.exp(-x)), dtype=x.dtype)
-            return np.asarray(NUMPY_UNARY[e.fn](x), dtype=e.dtype.numpy)
-        if isinstance(e, Select):
-            c = self.expr(e.cond, env, b, guard)
-            t, f = self.expr(e.true_value, env, b, guard), self.expr(e.false_value, env, b, guard)
-            return np.asarray(np.where(c, t, f), dtype=e.dtype.numpy)
-        if isinstance(e, Cast):
-            x = self.expr(e.value, env, b, guard)
-            return np.asarray(x).astype(e.type.numpy)
-        raise IRError(f"block {b.name!r}: cannot interpret {type(e).__name__}")
+            return np.asarray(self.buffers[e.tensor.name][self.index(e, env, b, guard)])
+        if not isinstance(e, OPERATIONS):
+            raise IRError(f"block {b.name!r}: cannot interpret {type(e).__name__}")
+        return apply(e, [self.expr(x, env, b, guard) for x in operands(e)])
+
+    def var(self, e: Var, env: dict[str, Value], b: Block) -> Value:
+        try:
+            return env[e.name]
+        except KeyError:
+            raise IRError(f"block {b.name!r}: variable {e.name!r} has no value here") from None
+
+    def index(self, e: Load, env: dict[str, Value], b: Block, guard: Value) -> tuple[Value, ...]:
+        """The indices ``e`` reads where ``guard`` holds (out-of-bounds reads there raise), clipped into
+        the buffer elsewhere."""
+        buf = self.buffers[e.tensor.name]
+        idx = [self.expr(i, env, b, guard) for i in e.indices]
+        self._check_bounds(b, e.tensor, idx, guard, "reads")
+        return tuple(np.clip(i, 0, n - 1) for i, n in zip(idx, buf.shape, strict=True))
+
+
+OPERATIONS = (BinOp, Call, Select, Cast)
+
+
+def operands(e: BinOp | Call | Select | Cast) -> tuple[Expr, ...]:
+    """The operands of an operation node in :func:`apply`'s order."""
+    if isinstance(e, BinOp):
+        return (e.a, e.b)
+    if isinstance(e, Call):
+        return e.args[:1]
+    if isinstance(e, Select):
+        return (e.cond, e.true_value, e.false_value)
+    return (e.value,)
+
+
+def apply(e: BinOp | Call | Select | Cast, args: list[Value]) -> Value:
+    """The value of operation node ``e`` from its operands' values, rounded in ``e``'s dtype."""
+    if isinstance(e, BinOp):
+        out = NUMPY_BINARY[e.op](args[0], args[1])
+        return np.asarray(out, dtype=e.dtype.numpy) if out.dtype != e.dtype.numpy else out
+    if isinstance(e, Call):
+        x = args[0]
+        if e.fn == "sigmoid":
+            one = np.asarray(1, dtype=x.dtype)
+            return np.asarray(one / (one + np.exp(-x)), dtype=x.dtype)
+        return np.asarray(NUMPY_UNARY[e.fn](x), dtype=e.dtype.numpy)
+    if isinstance(e, Select):
+        return np.asarray(np.where(*args), dtype=e.dtype.numpy)
+    return np.asarray(args[0]).astype(e.type.numpy)
 
 
 # ------------------------------------------------------------------ planning
