@@ -9,9 +9,9 @@ program, and a C++ kernel for about one in ``CPP_EVERY``.  ``test_fuzzed_cascade
 does the same from the command line).
 
 ``test_corpus`` replays every failure the fuzzer found (``fuzz_corpus/*.json``: the program as builder
-Python, the schedule steps, the inputs, the backends to check; ``fuzz_run.py --save`` writes them).  Entries
-the current code still gets wrong carry the class of issue 20 they belong to under ``xfail``; they are
-strict, so a fix shows as XPASS: then drop the key.
+Python, the schedule steps, the inputs, the backends to check, the class of issue 20 they showed; ``fuzz_run.py
+--save`` writes them).  An entry the code gets wrong when it is recorded may carry that class under ``xfail``
+too: a strict xfail, so that the fix shows as XPASS and the key is dropped.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from polyfuse.differential import Tally
 FAST_EXAMPLES = 100
 CPP_EVERY = 10
 CASE_SECONDS = 30
-"""A case normally takes well under a second; one past this limit is a finding (the solver has no time bound)."""
+"""A case normally takes well under a second; one past this limit is a finding (the repair solver stops itself
+after ``repair.SOLVER_SECONDS``)."""
 CORPUS = Path(__file__).parent / "fuzz_corpus"
 HAVE_GXX = shutil.which("g++") is not None
 
@@ -46,7 +47,6 @@ def _failures(case) -> str:
         "\nsteps:\n" + "\n".join(case.scheduled.steps))
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: fused programs not yet exact (see notes/fuzz-findings.md)")
 @settings(max_examples=FAST_EXAMPLES, derandomize=True, deadline=None, database=None,
           phases=(Phase.explicit, Phase.generate), suppress_health_check=list(HealthCheck))
 @given(data=st.data(), seed=st.integers(0, 2**16), cpp=st.integers(0, CPP_EVERY - 1))

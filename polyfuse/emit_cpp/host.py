@@ -207,12 +207,14 @@ class HostCppEmitter(CFamilyEmitter):
         self.open(f'extern "C" int {entry}(void* const* buffers, const int64_t* sizes)')
         self.line("(void)buffers;")
         self.line("(void)sizes;")
+        # an input or size the program declares but never reads is still an argument
         for k, param in enumerate(p.params):
-            self.line(f"const int64_t {param.name} = sizes[{k}];")
+            self.line(f"[[maybe_unused]] const int64_t {param.name} = sizes[{k}];")
         for k, t in enumerate(args):
             const = "const " if t.role == INPUT else ""
             st = self.stype(t.dtype)
-            self.line(f"{const}{st}* {self.restrict} {t.name} = static_cast<{const}{st}*>(buffers[{k}]);")
+            self.line(f"[[maybe_unused]] {const}{st}* {self.restrict} {t.name} = "
+                      f"static_cast<{const}{st}*>(buffers[{k}]);")
         for t in p.tensors:
             if t.role not in (INPUT, OUTPUT) and t.name not in self.allocated:
                 self.line(f"std::vector<{self.stype(t.dtype)}> {t.name}_heap({self.numel(t.shape)});")
