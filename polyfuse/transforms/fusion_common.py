@@ -130,8 +130,9 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
             except PolyfuseError:
                 own = None
     decaying = own is not None and own.numerics is not None and own.numerics.decays
-    reference = kind in ("max", "min") or (kind == "sum" and (plain_sum(program, producer.name) or decaying))
-    return ProducerFacts(load, kind, at, bool(mass), own, _bindings(program, block), reference)
+    reference = kind in ("max", "min") or (kind == "sum" and decaying)
+    estimate = kind == "sum" and plain_sum(program, producer.name)
+    return ProducerFacts(load, kind, at, bool(mass), own, _bindings(program, block), reference, estimate)
 
 
 def _at_consumer(program: Program, consumer: Block, block: Block, term: Expr) -> Expr:

@@ -70,9 +70,10 @@ class ProducerFacts:
     its own repair when it is itself rescaled as it runs (a rolled chain), else None, and
     ``repair_loops`` the bindings of the variables that repair is written in.  ``reference`` says
     its running value stays near its final one, so that a repair shifting terms from one to the
-    other does not cancel catastrophically: a max or min (one of its terms), a plain sum (read
-    through a running estimate), a sum whose own repair decays; not a product, which can
-    overflow or change sign as it runs.
+    other does not cancel catastrophically: a max or min (one of its terms), a sum whose own
+    repair decays; not a product, which can overflow or change sign as it runs, nor a plain sum,
+    whose partial grows with the elements seen — ``estimate`` says the fusions read it through a
+    running estimate instead (``r·N/n``), which they do for a state repair.
     """
 
     load: Load
@@ -82,6 +83,7 @@ class ProducerFacts:
     repair: object | None = None
     repair_loops: tuple[tuple[str, Expr], ...] = ()
     reference: bool = False
+    estimate: bool = False
 
 
 @dataclass(frozen=True)
@@ -227,16 +229,16 @@ class _Checker:
     def _references(self) -> None:
         """A repair that shifts (a state repair's polynomial in r' - r, a max's t + b) works at the
         producers' running values: each must stay near its final value (``ProducerFacts.reference``)."""
-        far = [f for f in self.space.facts if not f.reference]
+        far = [f for f in self.space.facts if not (f.reference or (self.repair.state and f.estimate))]
         if far:
             f = far[0]
             raise NoRepairFound(
                 f"h = {self.repair.h} shifts the terms by differences of running producer values, but {f.load} "
                 f"(a {f.kind or 'custom'} reduction) can run far from its final value (a product overflows or "
-                "changes sign, a partial sum is no estimate of the whole): the shift would cancel catastrophically "
-                "or meet inf - inf")
-        self.notes.append("every producer's running value stays near its final one (a max or min, a plain sum's "
-                          "running estimate, a sum rescaled by a decaying repair)")
+                "changes sign, a partial sum is no estimate of the whole where no auxiliary state reads it through "
+                "one): the shift would cancel catastrophically or meet inf - inf")
+        self.notes.append("every producer's running value stays near its final one (a max or min, a plain sum "
+                          "read through its running estimate, a sum rescaled by a decaying repair)")
 
     def _finite_at_identity(self, q: sympy.Basic, everywhere: bool) -> bool:
         """h maps the consumer's identity to itself without a guard: Q is finite (and, for a max or min
