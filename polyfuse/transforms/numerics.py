@@ -404,7 +404,8 @@ class _Checker:
                    if self.space.old[f.load] in q.free_symbols and self.space.old[f.load] not in region]
         if missing:
             raise NoRepairFound(
-                f"h = t·Q with Q = {q} rescales the accumulator by a factor not provably in [0, 1]: nothing is known "
+                f"h = t·Q with Q = {sympy.powsimp(q)} rescales the accumulator by a factor not provably in [0, 1]: "
+                "nothing is known "
                 f"about how {', '.join(missing)} relates to its next value (only a max, a min, or a sum of "
                 "non-negative terms moves one way)")
         qs = q
@@ -425,8 +426,9 @@ class _Checker:
                               f"({relations}): in [0, 1]")
             return
         raise NoRepairFound(
-            f"h = t·Q with Q = {q} is not provably in [0, 1] over a step (it would scale the accumulator up: what "
-            "underflowed is not recovered and what is large overflows where the plain program does not)")
+            f"h = t·Q with Q = {sympy.powsimp(q)} is not provably in [0, 1] over a step ({relations}; it would scale "
+            "the accumulator up: what underflowed is not recovered and what is large overflows where the plain "
+            "program does not)")
 
     def _slack_symbols(self, region: dict) -> list[sympy.Symbol]:
         return [s for e in region.values() for s in e.free_symbols if s.name.startswith(("eps_", "v_"))]
