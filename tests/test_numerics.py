@@ -273,3 +273,31 @@ def test_kernels_check_what_inputs_declare():
     assert np.array_equal(kernel(np.arange(4, dtype=np.float32)), 2 * np.arange(4, dtype=np.float32))
     with pytest.raises(IRError, match=r"input 'w' is declared sign='nonnegative', finite=True, but its element \[2\]"):
         kernel(np.array([1.0, 2.0, np.inf, 0.0], dtype=np.float32))
+
+
+@pytest.mark.parametrize("tile", [None, 2])
+def test_an_init_survives_an_empty_reduction(tile):
+    """With a symbolic size 0 the plain program's result is the init alone; the fused consumer, which takes
+    its init at the last step, starts from it where the reduction is empty."""
+    from polyfuse.tiling import interpret as interpret_tiles
+    from polyfuse.tiling import to_tiles
+
+    p = ProgramBuilder("empty")
+    N, M = p.sizes("N", "M")
+    x = p.input("x", (N, M), "f64")
+    r0, r1 = p.temp("r0", (N,), "f64"), p.output("r1", (N,), "f64")
+    with p.nest("s0", i=N, j=reduce(M)) as (i, j):
+        r0[i] = maximum(r0[i], x[i, j])
+    with p.nest("s1", i=N, j=reduce(M), init=1.0) as (i, j):
+        r1[i] = r1[i] + exp(x[i, j] - r0[i])
+    program = p.build()
+    sch = Schedule(program)
+    loop = sch.loop("s0", "j")
+    if tile is not None:
+        loop, _ = sch.split(loop, [None, tile])
+    sch.rolling_update("s1", loop)
+    for m in (0, 5):
+        inputs = {"x": np.random.default_rng(m).standard_normal((2, m))}
+        ref = interpret(program, inputs)["r1"]
+        same(interpret(sch.program, inputs)["r1"], ref)
+        same(interpret_tiles(to_tiles(sch.program), inputs)["r1"], ref)

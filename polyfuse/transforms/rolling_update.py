@@ -60,7 +60,9 @@ from polyfuse.errors import IllegalTransform, InternalError, NonAffineIndex
 from polyfuse.deps.domains import param_names, prune_where
 from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
 from polyfuse.ir.affine import linear_form, variables
-from polyfuse.ir.expr import Const, Expr, Load, Var, conjuncts, const, eq, logical_and, maximum, minimum, select
+from polyfuse.ir.expr import (
+    Const, Expr, Load, Var, conjuncts, const, eq, logical_and, logical_or, maximum, minimum, select,
+)
 from polyfuse.ir.stmt import SPATIAL, Block, IterVar, Loop, Program, Store, Tensor
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import free_vars, loads, seq
@@ -131,7 +133,8 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     identity = program.block(block).reducer.identity  # type: ignore[union-attr]
     late_init = needs_repair and init is not None and init != identity
     if late_init:
-        program = replace_block(program, program.block(block).replace(init=identity))
+        program = replace_block(program, program.block(block).replace(init=_empty_or(program.block(block),
+                                                                                    init, identity)))
 
     # Step 5. One repair per tile: privatize the consumer (and its auxiliaries) over the rolling loop.
     estimated: list[Load] = []
@@ -377,6 +380,13 @@ def _state_before(combine: Block, accumulators: list[Tensor]) -> list[Expr]:
     indices = combine.store.indices
     zero = combine.reducer.identity  # type: ignore[union-attr]
     return [select(first, zero, Load(t, indices)) for t in accumulators]
+
+
+def _empty_or(block: Block, init: Expr, identity: Expr) -> Expr:
+    """The init a consumer starts from when its init is taken at the last step instead: the identity, or
+    the init itself where a size makes the reduction empty (no step runs: the value is the init alone)."""
+    empty = [eq(iv.extent, 0) for iv in block.reduce_iters if not isinstance(iv.extent, Const)]
+    return identity if not empty else select(functools.reduce(logical_or, empty), init, identity)
 
 
 def _last(program: Program, block: Block, loop: str) -> Expr:
