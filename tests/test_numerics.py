@@ -233,31 +233,29 @@ def test_catalog_ratio_repairs_on_rows_that_start_with_zeros(name):
 # ------------------------------------------------------------------ class 7: the solver's bounds
 
 
-def test_the_solver_stops_after_its_time_bound(monkeypatch):
+@pytest.fixture
+def fresh_solver():
+    """The repair solver without its cache of answers (a test that changes how it runs sees it run)."""
     from polyfuse.transforms import repair
 
-    monkeypatch.setattr(repair, "SOLVER_SECONDS", 0.0)
     repair._solve_cached.cache_clear()
-    try:
-        with pytest.raises(NoRepairFound, match=r"took longer than 0 s and was stopped"):
-            rolled(chain("max", lambda x, r: exp(x - r)))
-    finally:
-        repair._solve_cached.cache_clear()
+    yield repair
+    repair._solve_cached.cache_clear()
 
 
-def test_sympy_failures_are_refusals_with_the_reason(monkeypatch):
-    from polyfuse.transforms import repair
+def test_the_solver_stops_after_its_time_bound(monkeypatch, fresh_solver):
+    monkeypatch.setattr(fresh_solver, "SOLVER_SECONDS", 0.0)
+    with pytest.raises(NoRepairFound, match=r"took longer than 0 s and was stopped"):
+        rolled(chain("max", lambda x, r: exp(x - r)))
 
+
+def test_sympy_failures_are_refusals_with_the_reason(monkeypatch, fresh_solver):
     def broken(*args, **kwargs):
         raise ValueError("The argument 'nan' is not comparable")
 
-    monkeypatch.setattr(repair._Solver, "_prove", broken)
-    repair._solve_cached.cache_clear()
-    try:
-        with pytest.raises(NoRepairFound, match=r"sympy raised ValueError: The argument 'nan' is not comparable"):
-            rolled(chain("max", lambda x, r: exp(x - r)))
-    finally:
-        repair._solve_cached.cache_clear()
+    monkeypatch.setattr(fresh_solver._Solver, "_prove", broken)
+    with pytest.raises(NoRepairFound, match=r"sympy raised ValueError: The argument 'nan' is not comparable"):
+        rolled(chain("max", lambda x, r: exp(x - r)))
 
 
 def test_kernels_check_what_inputs_declare():
