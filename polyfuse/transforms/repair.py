@@ -42,8 +42,11 @@ branches; h comes from the branch that reads producers and is proven on all.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import signal
+import threading
 import time
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -224,13 +227,50 @@ def _solve_cached(reducer: Reducer, term: Expr, producers: tuple[Load, ...], non
                   signs: tuple[tuple[str, str], ...], finite: frozenset[str], loops: tuple[tuple[str, Expr], ...],
                   maps: tuple[MapDefinition, ...]) -> Repair | str:
     try:
-        solver = _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate)
-        solver.numerics = None if facts is None else (facts, dict(signs), finite, loops, maps)
-        return solver.solve(auxiliary)
+        with _deadline(SOLVER_SECONDS):
+            solver = _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate)
+            solver.numerics = None if facts is None else (facts, dict(signs), finite, loops, maps)
+            return solver.solve(auxiliary)
     except NoRepairFound as err:
         return str(err)
+    except _OutOfTime:
+        return (f"no repair for g = {term}: the search took longer than {SOLVER_SECONDS:g} s and was stopped "
+                "(sympy's simplification has no bound of its own)")
     except (TypeError, ValueError, NotImplementedError, RecursionError, ZeroDivisionError, AttributeError) as err:
         return f"the repair solver failed on g = {term}: sympy raised {type(err).__name__}: {err}"
+
+
+class _OutOfTime(BaseException):
+    """The solver's deadline passed inside a sympy call (a BaseException: sympy's own handlers must not
+    swallow it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Interrupt the block after ``seconds`` with :class:`_OutOfTime`, by SIGALRM where it can (the main
+    thread of a POSIX process; elsewhere the solver's own checks between steps are the bound).  An
+    interval timer already running (a caller's own deadline) keeps its time and its handler."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    outer_handler = signal.getsignal(signal.SIGALRM)
+    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    started = time.monotonic()
+
+    def expire(signum, frame):
+        if time.monotonic() - started >= seconds - 1e-3 or not callable(outer_handler):
+            raise _OutOfTime()
+        outer_handler(signum, frame)  # the caller's deadline came first
+
+    signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left > 0 else seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, outer_handler)
+        if outer_left > 0:
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-3))
 
 
 def result_sign(block: Block, signs: Mapping[str, str] | None = None) -> str | None:
@@ -409,9 +449,14 @@ class _Solver:
 
     # -- steps 2-4 ----------------------------------------------------------------
     def solve(self, auxiliary: bool = False) -> Repair:
-        if not (self.g.free_symbols & set(self.old)):
-            return self._repair(self.t, "g does not read any producer, so h is the identity")
         reasons: list[str] = []
+        if not (self.g.free_symbols & set(self.old)):
+            # symbolically free of the producers (0/(y + r), r - r), but the program still evaluates them
+            found = self._checked(self._repair(self.t, "g does not read any producer, so h is the identity"),
+                                  reasons, "h = t (g does not depend on the producers),")
+            if found is not None:
+                return found
+            raise NoRepairFound(f"no repair for f = {self.kind}, g = {self.g}: " + "; ".join(reasons))
         tried: list[sympy.Expr] = []
 
         def consider(h: sympy.Expr, route: str) -> Repair | None:
