@@ -12,6 +12,7 @@ import pytest
 from ir_programs import softmax_sum, softmax_sum_split
 
 import polyfuse.ops as ops
+from polyfuse.errors import IllegalTransform
 from polyfuse.ir import ProgramBuilder, interpret, maximum, reduce, spatial
 from polyfuse.ir.expr import Const
 from polyfuse.ir.stmt import Loop, Program, walk_stmts
@@ -234,3 +235,14 @@ def test_catalog_programs_interpret_bitwise_equal_after_compaction(name, mode):
     result = compaction(p)
     assert {c.tensor for c in result.compacted} | {s.tensor for s in result.skipped} == {t.name for t in p.temps}
     assert_bitwise_equal(p, result.program, op.inputs(0, mode))
+
+
+def test_staging_a_compacted_tensor_is_refused():
+    """cache_read/cache_write copy outside the top-level statement, where a buffer compact_buffers
+    allocated per iteration of a loop does not exist (a fuzzer find: the C++ did not compile)."""
+    fused, _ = rolling_update(softmax_sum(symbolic=False, n=5, m=7), block="s_sum", loop_block="s_max", loop="j")
+    sch = Schedule(compact_buffers(fused))
+    with pytest.raises(IllegalTransform, match="compact_buffers allocated 'xmax' per iteration of loop 'i'"):
+        sch.cache_write("s_max", "shared")
+    with pytest.raises(IllegalTransform, match="compact_buffers allocated 'xmax' per iteration of loop 'i'"):
+        sch.cache_read("s_sum", "xmax", "shared")

@@ -220,6 +220,10 @@ class _Checker:
                 identity_safe, first_safe = self._finite_at_identity(q, False), self._finite_at_identity(q, True)
             else:
                 self._references()
+                # A state repair has no identity guard G: at a rolling loop's first step its state is
+                # empty (h is t in real arithmetic), but δ from the saved placeholder can be infinite
+                # (a producer overflowed at once) and 0·inf is NaN, so that step keeps t.
+                first_safe = not self.repair.state
             surrogates |= self._singular(h_ir, "h", self._step_regions())
         surrogates |= self._singular(self.term, "g", self._term_regions())
         guards = self._guards()
@@ -244,14 +248,18 @@ class _Checker:
         """h maps the consumer's identity to itself without a guard: Q is finite (and, for a max or min
         consumer, positive: a·(-inf) is -inf only for a > 0) where previous producer values are their
         identities: where a max/min producer's terms can be ±inf (masks, data), and, ``everywhere``, for
-        every producer (a rolling loop's first step, where the saved values are the identities)."""
+        every producer (a rolling loop's first step, where the saved values are the identities).  For a max
+        or min consumer, whose identity is infinite, Q must moreover be a positive constant there: a
+        factor like exp(r - r') is positive in real arithmetic but can underflow to 0."""
         at = {self.space.old[f.load]: _number(f.kind) for f in self.space.facts
               if f.kind is not None and (everywhere or self._reaches_identity(f))}
         if not at:
             return True
         value = sympy.simplify(q.xreplace(at))
         if self.repair.reducer in ("max", "min"):
-            return bool(value.is_finite and value.is_positive)
+            # Positive in real arithmetic is not enough: exp(r - r') underflows to 0 in floating point,
+            # and ±inf·0 is NaN; only a constant factor is known to stay positive.
+            return bool(value.is_number and value.is_finite and value.is_positive)
         return bool(value.is_finite) or value == 0
 
     def _h_ir(self) -> Expr:
