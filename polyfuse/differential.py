@@ -11,25 +11,37 @@ The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and
 1. where ``p`` is NaN, +inf or -inf, ``f`` is the same;
 2. where ``p`` is finite, ``f`` is finite and ``|f - p| <= E_p + E_f``: both programs approximate the
    same exact value (a repair is an identity in real arithmetic), each within its bound;
-3. the scheduled program is not intrinsically less accurate: ``E_f <= K·(S + 1)·E_p + K·(u·|p| + τ)``, with
-   ``S`` the most iterations of a reduce loop of the plain program.  Rule 2 alone would accept a repair
-   that loses a contribution or overflows and rescales whenever the values happen to agree (its bound
-   shows it: an uncertain guard, a rescale by a huge factor).  The factor is derived from what a fused
-   step may add.  ``K = ACCURACY_FACTOR`` covers one rescale of the accumulated value per step, ``t·h``
-   with ``h`` a library function of the producers' change: ``2·LIBM_ULPS·u`` for the function, ``u`` for
-   the product, ``u`` for the difference inside it, relative to the accumulated value, where the plain
-   step's own accumulation already rounds by ``u`` relative to it: ``2·LIBM_ULPS + 3`` units of the plain
-   program's rounding, and a factor of 1.2 for the second-order terms.  ``S + 1``: a repair reads the
-   producers' running values (``t - r + r'``, ``t·r/r'``) once per step, and the running-error bound adds
-   their bounds each time (it cannot see that the same rounding error cancels between steps); each is at
-   most the plain program's bound of the producer.  The floor covers outputs the plain program computes
-   exactly (a max) where the scheduled one rounds a few times, and errors below the smallest normal
-   number ``τ`` (underflow noise).  Where ``E_p >= |p|`` the plain value has no significant digit its own
+3. the scheduled program is not intrinsically less accurate: ``E_f <= K·(S + 1)^d·(E_p + u·|p|) + K·τ``,
+   with ``S`` the most iterations of a reduce loop of the plain program and ``d`` the output's cascade
+   level (below).  Rule 2 alone would accept a
+   repair that loses a contribution or overflows and rescales whenever the values happen to agree (its
+   bound shows it: an uncertain guard, a rescale by a huge factor).  The factor is derived from what a
+   fused step may add.  ``K = ACCURACY_FACTOR`` covers one rescale of the accumulated value per step,
+   ``t·h`` with ``h`` a library function of the producers' change: ``2·LIBM_ULPS·u`` for the function,
+   ``u`` for the product, ``u`` for the difference inside it, relative to the accumulated value, where the
+   plain step's own accumulation rounds by ``u`` relative to it: ``2·LIBM_ULPS + 3`` units of the plain
+   program's rounding, and a factor of 1.2 for the second-order terms.  That unit, ``u·|p|`` per step,
+   is written out because ``E_p`` holds it only where the plain step does round: a max or a min selects
+   exactly, and a term that is exact (a constant it saturates at) leaves ``E_p = 0`` while the repair
+   still rounds once per step (``t + g(r') - g(r)``).  ``S + 1``: a repair reads the producers' running
+   values (``t - r + r'``, ``t·r/r'``) once per step, and the running-error bound adds their bounds each
+   time (it cannot see that the same rounding error cancels between steps); each is at most the plain
+   program's bound of the producer, or, where that producer is itself repaired, its fused bound, which
+   rule 3 holds to ``(S + 1)`` times that: ``d`` is the number of reductions between the output and the
+   first producer of its cascade (1 for ``Σ exp(x - max)``, 2 for a reduction of that sum).  ``K·τ``
+   covers errors below the smallest normal number ``τ`` (underflow noise).  Rule 3 does not apply to
+   an output whose cascade compares a reduced value (``select(r > c, …)``, ``floor(r)``): such a term
+   jumps, the fused program evaluates it at every running value of the producer, and a running value
+   near the jump makes the bound cover the jump although the repair telescopes through it (``t +
+   g(r') - g(r)`` with the same rounded ``r`` on both sides of a step).  Rules 1 and 2 still hold there.
+   Where ``E_p >= |p|`` the plain value has no significant digit its own
    bound vouches for (a product of exponentials of rounded sums): there is no accuracy to keep, and
    rule 3 does not apply;
 4. the tile interpreter and the C++ kernel compute the scheduled program: ``|b - f| <= 2·E_f`` plus the
    floor, and rule 1 between them.  (Their order of operations may differ inside a tile, each within
-   the scheduled program's bound of the exact value.)
+   the scheduled program's bound of the exact value.)  One exception to rule 1 there: ``f = ±inf``
+   with ``E_f`` infinite may come out ``∓inf``, since IEEE 754 leaves ``max(-0, +0)`` to the
+   implementation, so another reduction order can flip the sign of a zero that is then divided by.
 
 Where ``E_p`` is infinite (the plain program overflows on the way, or decides on an uncertain
 comparison) rules 2 and 3 accept any finite value; :class:`Tally` counts such elements.
@@ -48,9 +60,10 @@ import numpy as np
 
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir.errorbound import LIBM_ULPS, interpret_with_bounds
-from polyfuse.ir.expr import Const
+from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Cast, Const, Expr, Load
 from polyfuse.ir.interpreter import prepare
 from polyfuse.ir.stmt import Program
+from polyfuse.ir.visit import walk_expr
 
 ACCURACY_FACTOR = 1.2 * (2 * LIBM_ULPS + 3)
 """``K`` of rule 3 (see the module docstring)."""
@@ -128,17 +141,21 @@ def _kind(v: np.ndarray) -> np.ndarray:
 
 
 def mismatch(name: str, want: tuple[np.ndarray, np.ndarray], got: np.ndarray, got_bound: np.ndarray | None,
-             *, steps: int = 1, tolerance: np.ndarray | None = None) -> str | None:
+             *, steps: int = 1, level: int | None = 1, tolerance: np.ndarray | None = None) -> str | None:
     """The first element of output ``name`` where ``got`` breaks rules 1-3 against ``want = (p, E_p)``
-    (``steps``: S of rule 3), or with ``tolerance`` where ``|got - p| > tolerance`` (rule 4); None if there
-    is none."""
+    (``steps``: S of rule 3, ``level``: d of rule 3, None where rule 3 does not apply), or with
+    ``tolerance`` where ``|got - p| > tolerance`` (rule 4); None if there is none."""
     p, ep = want
     if not np.issubdtype(p.dtype, np.floating):
         bad = got != p
         return _describe(name, "value", bad, p, got, ep, got_bound) if np.any(bad) else None
     pf, gf = p.astype(np.float64), np.asarray(got).astype(np.float64)
     kp, kg = _kind(pf), _kind(gf)
-    for label, bad in (("non-finite", (kp == 0) & (kg != 0)), ("class", (kp != 0) & (kp != kg))):
+    flipped = (kp != 0) & (kp != 3) & (kg != 0) & (kg != 3) & (kp != kg)
+    # rule 4: an infinity of the scheduled program whose bound is infinite may change sign in a backend that
+    # reduces in another order (max(-0, +0) is either zero, and x/±0 is ±inf)
+    order_sign = flipped & np.isinf(ep) if tolerance is not None else np.zeros_like(flipped)
+    for label, bad in (("non-finite", (kp == 0) & (kg != 0)), ("class", (kp != 0) & (kp != kg) & ~order_sign)):
         if np.any(bad):
             return _describe(name, label, bad, p, got, ep, got_bound)
     finite = kp == 0
@@ -150,8 +167,10 @@ def mismatch(name: str, want: tuple[np.ndarray, np.ndarray], got: np.ndarray, go
             return _describe(name, "value", bad, p, got, ep, got_bound)
         # rule 3; a value off by more than the plain bound allows, accepted only because the scheduled
         # program's bound is huge, is named so
-        if tolerance is None and got_bound is not None:
-            allowed = ACCURACY_FACTOR * (steps + 1) * ep + floor(p.dtype, pf)
+        if tolerance is None and got_bound is not None and level is not None:
+            info = ml_dtypes.finfo(p.dtype)
+            allowed = ACCURACY_FACTOR * ((steps + 1) ** level * (ep + float(info.eps) / 2 * np.abs(pf))
+                                         + float(info.tiny))
             bad = finite & (ep < np.abs(pf)) & (got_bound > allowed)
             for label, which in (("inaccurate value", bad & (diff > ep + allowed)),
                                  ("unbounded", bad & np.isinf(got_bound)), ("accuracy", bad)):
@@ -180,6 +199,32 @@ def reduce_steps(program: Program, inputs: Inputs, sizes: Mapping[str, int] | No
     extents = [int(iv.extent.value) for b in bound.blocks() for iv in b.reduce_iters  # type: ignore[attr-defined]
                if isinstance(iv.extent, Const)]
     return max(extents, default=1)
+
+
+def cascade_levels(program: Program) -> dict[str, int | None]:
+    """d of rule 3 for each output of ``program`` (None where rule 3 does not apply): the reductions on
+    its longest chain of reductions, less the first producer's, at least 1; None where a block on the
+    way compares, floors or divides to an integer a value that a reduction computed (a jump)."""
+    depth: dict[str, int] = {}
+    jumps: set[str] = set()
+    for b in program.blocks():
+        name = b.store.tensor.name
+        exprs = [b.store.value, *b.store.indices] + [e for e in (b.init, b.where) if e is not None]
+        reads = {n.tensor.name for e in exprs for n in walk_expr(e) if isinstance(n, Load)}
+        level = max((depth.get(r, 0) for r in reads), default=0) + (1 if b.is_reduction else 0)
+        depth[name] = max(depth.get(name, 0), level)
+        if reads & jumps or any(_jumps_on(n, depth, name) for e in exprs for n in walk_expr(e)):
+            jumps.add(name)
+    return {t.name: (None if t.name in jumps else max(1, depth.get(t.name, 0) - 1)) for t in program.outputs}
+
+
+def _jumps_on(n: Expr, depth: Mapping[str, int], own: str) -> bool:
+    """Whether ``n`` is discontinuous in a reduced value other than the accumulator ``own``."""
+    if isinstance(n, BinOp) and n.op in (*COMPARE_OPS, "//", "%") or isinstance(n, Call) and n.fn in (
+            "floor", "ceil") or isinstance(n, Cast) and not n.dtype.is_float:
+        return any(isinstance(ld, Load) and ld.tensor.name != own and depth.get(ld.tensor.name, 0) > 0
+                   for ld in walk_expr(n))
+    return False
 
 
 @dataclass
@@ -241,11 +286,12 @@ def _check_inputs(report: Report, plain: Program, scheduled: Program, inputs: In
         report.findings.append(Finding(CRASH, found.stage, found.reason, found.detail))
         return False
     steps = reduce_steps(plain, inputs, sizes)
+    levels = cascade_levels(plain)
     for name, (p, ep) in want.items():  # type: ignore[union-attr]
         report.checked += p.size
         report.unchecked += int(np.sum(np.isinf(ep) & np.isfinite(p)))
         f, ef = got[name]  # type: ignore[index]
-        text = mismatch(name, (p, ep), f, ef, steps=steps)
+        text = mismatch(name, (p, ep), f, ef, steps=steps, level=levels.get(name, 1))
         if text and "fused" not in seen:
             seen.add("fused")
             report.findings.append(Finding(WRONG, "fused", _label(text), text))

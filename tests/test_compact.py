@@ -13,7 +13,7 @@ from ir_programs import softmax_sum, softmax_sum_split
 
 import polyfuse.ops as ops
 from polyfuse.errors import IllegalTransform
-from polyfuse.ir import ProgramBuilder, interpret, maximum, reduce, spatial
+from polyfuse.ir import ProgramBuilder, const, interpret, maximum, reduce, spatial
 from polyfuse.ir.expr import Const
 from polyfuse.ir.stmt import Loop, Program, walk_stmts
 from polyfuse.transforms import Schedule
@@ -242,7 +242,28 @@ def test_staging_a_compacted_tensor_is_refused():
     allocated per iteration of a loop does not exist (a fuzzer find: the C++ did not compile)."""
     fused, _ = rolling_update(softmax_sum(symbolic=False, n=5, m=7), block="s_sum", loop_block="s_max", loop="j")
     sch = Schedule(compact_buffers(fused))
-    with pytest.raises(IllegalTransform, match="compact_buffers allocated 'xmax' per iteration of loop 'i'"):
+    with pytest.raises(IllegalTransform, match="s_max_save, s_sum access"):
         sch.cache_write("s_max", "shared")
-    with pytest.raises(IllegalTransform, match="compact_buffers allocated 'xmax' per iteration of loop 'i'"):
+    with pytest.raises(IllegalTransform, match="s_max write"):
         sch.cache_read("s_sum", "xmax", "shared")
+
+
+def test_a_step_that_moves_an_access_out_of_an_allocation_loop_is_refused():
+    """decompose_reduction puts the init before the reduce loop; after compact_buffers allocated the
+    accumulator per iteration of that loop, the init would write a tensor that does not exist there (a
+    fuzzer find: the C++ did not compile)."""
+    p = ProgramBuilder("prod")
+    x = p.input("x", (3, 1), "f64")
+    r = p.temp("r", (3,), "f64")  # never read: compact_buffers allocates it per iteration of j
+    out = p.output("out", (3,), "f64")
+    with p.nest("s", i=3, j=reduce(1), init=const(1.0, "f64")) as (i, j):
+        r[i] = r[i] * x[i, j]
+    with p.nest("e", i=3) as (i,):
+        out[i] = x[i, 0] + 1.0
+    sch = Schedule(p.build())
+    sch.compact_buffers()
+    before = sch.program
+    with pytest.raises(IllegalTransform, match=r"sch.decompose_reduction: after it, block 's_init' accesses 'r' "
+                                               r"outside the loop where compact_buffers allocated it"):
+        sch.decompose_reduction("s", sch.loop("s", "j"))
+    assert sch.program == before

@@ -63,6 +63,27 @@ def test_exact_plain_outputs_allow_a_few_roundings():
     assert mismatch("r", _p(3.0, bound=0.0), np.array([3.0]), np.array([4 * U64 * 3.0])) is None
 
 
+def test_an_exact_plain_output_allows_one_rescale_per_step():
+    # a min consumer of a term saturated at a constant: the plain program selects exactly (E_p = 0), the
+    # rolling repair t + g(r') - g(r) rounds once per step (fuzzer find, seed 400498)
+    exact = _p(2.0, bound=0.0)
+    per_step = 2 * 2 * U64 * 2.0
+    assert mismatch("r", exact, np.array([2.0]), np.array([16 * per_step]), steps=16) is None
+    text = mismatch("r", exact, np.array([2.0]), np.array([ACCURACY_FACTOR * 18 * U64 * 2.0]), steps=16)
+    assert text and text.startswith("accuracy")
+
+
+def test_a_backend_may_flip_an_unvouched_infinity():
+    # x / max(x·(-0.0)): the max of +0 and -0 depends on the order of the reduction (fuzzer find, seed 504201)
+    scheduled = (np.array([-np.inf, np.inf]), np.array([np.inf, 0.0]))
+    assert mismatch("r", scheduled, np.array([np.inf, np.inf]), None, tolerance=np.zeros(2)) is None
+    text = mismatch("r", scheduled, np.array([-np.inf, -np.inf]), None, tolerance=np.zeros(2))
+    assert text and text.startswith("class") and "r[1]" in text
+    # plain against scheduled: rule 1 holds as it is
+    text = mismatch("r", scheduled, np.array([np.inf, np.inf]), np.zeros(2))
+    assert text and text.startswith("class") and "r[0]" in text
+
+
 def test_backends_are_compared_with_a_tolerance():
     fused = _p(1.0)
     assert mismatch("r", fused, np.array([1.0 + 1e-16]), None, tolerance=np.array([2e-16])) is None

@@ -48,6 +48,12 @@ class HostCppEmitter(CFamilyEmitter):
         clause = f" collapse({collapse})" if collapse > 1 else ""
         return f"#pragma omp parallel for{clause} schedule(static)"
 
+    def local_array(self, ctype: str, name: str, size: int, *, zero: bool) -> list[str]:
+        """As in the core, marked ``[[maybe_unused]]``: a temporary the program writes and never reads is
+        legal, and g++'s -Wunused-but-set-variable must not fail a -Werror build over it."""
+        lines = super().local_array(ctype, name, size, zero=zero)
+        return [f"[[maybe_unused]] {lines[0]}", *lines[1:]] if size <= self.large_array else lines
+
     def heap_array(self, ctype: str, name: str, size: str) -> list[str]:
         return [f"std::vector<{ctype}> {name}_heap({size});", f"{ctype}* {self.restrict} {name} = {name}_heap.data();"]
 

@@ -50,10 +50,9 @@ from polyfuse.deps.islconv import aff_text, build_set, param_env
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Expr, Load, Var
 from polyfuse.ir.simplify import simplify
-from polyfuse.ir.stmt import SCOPES, TEMP, Block, IterVar, Loop, Program, Stmt, Store, Tensor, walk_stmts
+from polyfuse.ir.stmt import SCOPES, TEMP, Block, IterVar, Loop, Program, Stmt, Store, Tensor
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import map_block_exprs, map_expr, replace_tensor, seq
-from polyfuse.transforms.compact import ALLOC
 from polyfuse.transforms.compute_at import block_loads, body_stmts, loaded_tensors, reads_tensor
 from polyfuse.transforms.region import Extent, box
 from polyfuse.transforms.tree import block_path, blocks_under, map_blocks
@@ -67,7 +66,6 @@ def cache_read(program: Program, *, block: str, tensor: str | int, scope: str) -
     _check_scope(scope, what)
     _, reader = block_path(program, block)
     source = program.tensor(_read_tensor(reader, tensor, what))
-    _not_compacted(program, source, what)
     kids, at = _top_level(program, block)
     writers = [b.name for b in blocks_under(kids[at]) if b.store.tensor.name == source.name]
     if writers:
@@ -101,7 +99,6 @@ def cache_write(program: Program, *, block: str, scope: str) -> tuple[Program, s
     what = f"cache_write of tensor {target.name!r} of block {block!r} into {scope}"
     # Step 1. Check the scope, the block's own reads of its tensor and its neighbours.
     _check_scope(scope, what)
-    _not_compacted(program, target, what)
     acc = Load(target, writer.store.indices)
     stray = [ld for ld in block_loads(writer) if ld.tensor == target and not (writer.is_reduction and ld == acc)]
     if stray:
@@ -172,16 +169,6 @@ def _read_tensor(block: Block, tensor: str | int, what: str) -> str:
         raise IllegalTransform(f"{what}: block {block.name!r} does not read tensor {tensor!r}; "
                                f"it reads {', '.join(names) or 'none'}")
     return tensor  # type: ignore[return-value]
-
-
-def _not_compacted(program: Program, t: Tensor, what: str) -> None:
-    """The copies run outside the top-level statement holding the block, where a tensor that
-    ``compact_buffers`` allocated per iteration of a loop does not exist."""
-    for s in walk_stmts(program.body):
-        if isinstance(s, Loop) and (ALLOC, t.name) in s.annotations:
-            raise IllegalTransform(f"{what}: compact_buffers allocated {t.name!r} per iteration of loop "
-                                   f"{s.var.name!r}, but the copy would run outside that loop; stage it before "
-                                   "compact_buffers")
 
 
 def _top_level(program: Program, block: str) -> tuple[list[Stmt], int]:

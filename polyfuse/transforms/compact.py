@@ -63,7 +63,7 @@ from polyfuse.deps.memo import memoized
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.affine import Atom, linear_form
 from polyfuse.ir.expr import BinOp, Const, Expr, Load, Var, const
-from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt, Store, Tensor
+from polyfuse.ir.stmt import Block, Loop, Program, Seq, Stmt, Store, Tensor, walk_stmts
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import loads, map_block_exprs, map_expr
 from polyfuse.transforms.region import aff_to_expr, box, instances_at
@@ -424,8 +424,32 @@ def _rewrite(program: Program, plans: list[_Plan]) -> Program:
     return program.replace(tensors=tensors, body=go(program.body))
 
 
+def outside_allocation(program: Program) -> str | None:
+    """A description of the first block that accesses a tensor outside the loop ``compact_buffers``
+    allocated it in (None if there is none).  A compacted tensor exists only per iteration of that loop;
+    a later transform that moves an access out of it (``decompose_reduction``'s init, a copy of
+    ``cache_read``) would leave code generators a name with no storage."""
+
+    def visit(s: Stmt, scope: frozenset[str], allocated: frozenset[str]) -> str | None:
+        if isinstance(s, Loop):
+            mine = frozenset(str(v) for k, v in s.annotations if k == ALLOC)
+            return visit(s.body, scope | mine, allocated)
+        if isinstance(s, Seq):
+            return next((r for c in s.stmts if (r := visit(c, scope, allocated)) is not None), None)
+        if isinstance(s, Block):
+            names = {s.store.tensor.name} | {ld.tensor.name for ld in loads(s.store.value)}
+            names |= {ld.tensor.name for e in (s.init, s.where) if e is not None for ld in loads(e)}
+            stray = sorted((names & allocated) - scope)
+            return f"block {s.name!r} accesses {stray[0]!r}" if stray else None
+        return None
+
+    allocated = frozenset(str(v) for lp in walk_stmts(program.body) if isinstance(lp, Loop)
+                          for k, v in lp.annotations if k == ALLOC)
+    return visit(program.body, frozenset(), allocated) if allocated else None
+
+
 def _shape(shape: tuple[Expr, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-__all__ = ["ALLOC", "Compacted", "Compaction", "Skipped", "compact_buffers", "compaction"]
+__all__ = ["ALLOC", "Compacted", "Compaction", "Skipped", "compact_buffers", "compaction", "outside_allocation"]

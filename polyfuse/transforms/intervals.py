@@ -113,7 +113,7 @@ class _Bounder:
         if isinstance(e, sympy.Pow):
             return self._pow(*e.args)
         if isinstance(e, sympy.exp):
-            return _monotone(self.of(e.args[0]), _exp)
+            return _exp_of(self.of(e.args[0]))
         if isinstance(e, sympy.log):
             x = self.of(e.args[0])
             if x.hi < 0 or (x.hi == 0 and not x.hi_in):
@@ -166,7 +166,7 @@ class _Bounder:
 
     def _pow(self, base: sympy.Basic, ex: sympy.Basic) -> Interval:
         if base is sympy.E:
-            return _monotone(self.of(ex), _exp)
+            return _exp_of(self.of(ex))
         if not ex.is_Number:
             return ANY
         b = self.of(base)
@@ -191,6 +191,20 @@ def _exp(v: float) -> float:
         return math.exp(v)
     except OverflowError:
         return _INF
+
+
+EXP_UNDERFLOW = -104.0
+"""Below this argument ``exp`` rounds to 0 in float32 (its smallest subnormal is e^-103.3); float64's
+threshold is lower, so this one holds for both."""
+
+
+def _exp_of(x: Interval) -> Interval:
+    """``exp`` of ``x`` in floating point: 0 is a value (attained) wherever the argument can go below
+    the underflow threshold, ``exp(-inf)`` included; ``exp(x) > 0`` holds only in real arithmetic."""
+    out = _monotone(x, _exp)
+    if x.lo < EXP_UNDERFLOW:
+        return Interval(0.0, out.hi, True, out.hi_in)
+    return out
 
 
 def _log(v: float) -> float:

@@ -225,6 +225,7 @@ class _Checker:
                 # (a producer overflowed at once) and 0·inf is NaN, so that step keeps t.
                 first_safe = not self.repair.state
             surrogates |= self._singular(h_ir, "h", self._step_regions())
+        self._data_poles()
         surrogates |= self._singular(self.term, "g", self._term_regions())
         guards = self._guards()
         return Numerics(frozenset(surrogates), decays, frozenset(guards), "; ".join(self.notes), identity_safe,
@@ -385,10 +386,66 @@ class _Checker:
                     f"{where} {why} {arg}, which can be {'0' if op != 'sqrt' else 'negative'} at the running values "
                     f"of the producers although the plain program's value after the last element is not; "
                     "no surrogate makes that exact (it is not a sum or max of non-negative terms at 0)")
+            self._terms_vanish(fix)
             needed |= fix
             self.notes.append(f"{arg} in {where} is 0 only while {', '.join(str(x) for x in fix)} is 0 (every term "
                               "seen so far 0): a surrogate value keeps 0/0 out")
         return needed
+
+    def _data_poles(self) -> None:
+        """Refuse a term with a pole in the data alone: where ``y`` is 0, ``c/y``, ``log(y)`` and
+        ``y ** -1`` are infinite, and what an infinite term makes of the producers' values (``r/0`` is
+        NaN at ``r = 0``, +inf at ``r > 0``, -inf at ``r < 0``; ``0·inf`` is NaN) depends on them: the
+        fused term reads the running values where the plain one reads the final ones.  A NaN of the data
+        alone (``sqrt`` or ``log`` of a negative value) is NaN at any producer value, so only poles count."""
+        producers = set(self.space.new) | set(self.space.old_loads.values())
+        for n in walk_expr(self.term):
+            if isinstance(n, BinOp) and n.op == "/" and n.dtype.is_float:
+                arg, why = n.b, "divides by"
+            elif isinstance(n, Call) and n.fn in ("log", "log2"):
+                arg, why = n.args[0], "takes the log of"
+            elif isinstance(n, BinOp) and n.op == "pow" and not (isinstance(n.b, Const) and n.b.value >= 0):
+                arg, why = n.a, "raises to a power that can be negative"
+            else:
+                continue
+            if any(isinstance(ld, Load) and ld in producers for ld in walk_expr(arg)):
+                continue  # condition 1 proper
+            if not bound(self.space.sym(arg), self.ranges).contains(0.0):
+                continue
+            raise NoRepairFound(
+                f"g {why} {arg}, which can be 0 (data): the term is then infinite, and whether it is NaN, +inf or "
+                "-inf depends on the producers' running values (r/0 is NaN while r is 0), not on their values "
+                "after the last element; declare the tensor's sign ('positive' or 'negative') if it is never 0")
+
+    def _terms_vanish(self, masses: set[Load]) -> None:
+        """A surrogate for a mass at 0 is exact because every term it has seen is 0 and so is the consumer's
+        term for each of those elements (``x/s`` with ``s = Σ x²``): the repair scales zeros.  That needs g
+        to vanish wherever the mass's own term p does: each factor of p divides g (``g = x·(...)`` for
+        ``p = x²``, ``|A|``, ``exp(x - c)``).  Where the consumer reads data the producer does not see
+        (``|y|/max|x|``), a zero row of x leaves ``y/surrogate`` — huge or infinite — where the plain
+        program has ``y/0``."""
+        producers = set(self.space.new.values()) | set(self.space.old.values())
+        for f in self.space.facts:
+            if f.load not in masses:
+                continue
+            p = self.p[f.load]
+            bad = "its term is not known" if p is None else None
+            if p is not None:
+                for factor, _ in sympy.factor_list(p)[1]:
+                    while isinstance(factor, sympy.Abs):
+                        factor = factor.args[0]
+                    if not factor.free_symbols - producers:
+                        continue
+                    _, den = sympy.fraction(sympy.together(self.g / factor))
+                    if den.free_symbols & (factor.free_symbols - producers):
+                        bad = f"its term's factor {_readable(factor)} does not divide g"
+                        break
+            if bad:
+                raise NoRepairFound(
+                    f"{f.load} is 0 while every term it has seen is 0, and a surrogate value for it is exact only "
+                    f"where the consumer's term g = {_readable(self.g)} is then 0 too (the repair scales zeros); "
+                    f"here {bad}, so for a row of zeros g at the surrogate (huge, or rounded away) is not the plain "
+                    "program's g at 0")
 
     def _zero_state(self, op: str, s: sympy.Basic, regions: list[dict]) -> set[Load] | None:
         """The masses whose zero state alone makes ``s`` singular: with them positive it is safe."""

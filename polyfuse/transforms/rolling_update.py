@@ -129,6 +129,12 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     # Step 4c. A non-identity init is the plain program's first operand, which no repair may rescale: the
     # consumer starts from the identity and takes the init at the last step (step 8).
     needs_repair = repair is not None and not repair.is_identity
+    # An identity repair leaves t as it is, but its term still reads the producers' running values, where
+    # (in floating point) it can be singular or meet an infinite identity (r/r is 0/0 while a mass is 0):
+    # the same surrogates and guards as a repaired term, on a local consumer where it reduces inside.
+    numerics = repair.numerics if repair is not None else None
+    fixes_term = (repair is not None and repair.is_identity and numerics is not None
+                  and bool(numerics.surrogates or numerics.guards))
     init = program.block(block).init
     identity = program.block(block).reducer.identity  # type: ignore[union-attr]
     late_init = needs_repair and init is not None and init != identity
@@ -139,7 +145,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     # Step 5. One repair per tile: privatize the consumer (and its auxiliaries) over the rolling loop.
     estimated: list[Load] = []
     locals_ = {name: name for name, _ in states}
-    if needs_repair and _reduces_inside(program.block(block), loop):
+    if (needs_repair or fixes_term) and _reduces_inside(program.block(block), loop):
         from polyfuse.transforms.rfactor import rfactor
 
         for name, _ in states:
@@ -158,7 +164,6 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
                 created.append(saver)
             prev[ld] = Load(prev_tensor, ld.indices)
         producers_of = {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads}
-        numerics = repair.numerics  # type: ignore[union-attr]
         guards = [(ld, p) for ld, p in producers_of.items() if numerics is None or ld in numerics.guards]
         surrogates = numerics.surrogates if numerics is not None else frozenset()
         final = {ld: not _combined_later(program, tensors[ld.tensor.name], loop) for ld in r_loads}
@@ -188,6 +193,14 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             state = _state_before(program.block(name), accumulators)
             final_identity = {ld: p.reducer.identity for ld, p in guards if final[ld]}  # type: ignore[union-attr]
             program = _apply_repair(program, name, loop, h, old, new, producers_of, state, final_identity)
+
+    elif fixes_term and numerics is not None:
+        program = guard_term(program, locals_[block], [(ld, program.block(tensors[ld.tensor.name]))
+                                                       for ld in r_loads if ld in numerics.guards])
+        local = program.block(locals_[block])
+        program = replace_block(program, with_surrogates(local, {
+            ld: surrogate(ld, None if _combined_later(program, tensors[ld.tensor.name], loop)
+                          else _last(program, local, loop)) for ld in numerics.surrogates}))
 
     # Step 8. The init, combined once everything is summed (the order of a sum changes only its rounding).
     if late_init:

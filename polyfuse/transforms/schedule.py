@@ -20,6 +20,7 @@ from typing import Any
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.stmt import PARALLEL, UNROLLED, VECTORIZED, Program
 from polyfuse.transforms.annotate import annotate as _annotate
+from polyfuse.transforms.compact import outside_allocation
 from polyfuse.transforms.annotate import bind as _bind
 from polyfuse.transforms.fuse import fuse as _fuse
 from polyfuse.transforms.reorder import reorder as _reorder
@@ -171,6 +172,11 @@ class Schedule:
                                            f"(sch.loop(block, name)), got {ref!r}")
         out = fn(self._program)
         program, result = out if isinstance(out, tuple) else (out, None)
+        stray = outside_allocation(program)
+        if stray:
+            raise IllegalTransform(f"sch.{primitive}: after it, {stray} outside the loop where compact_buffers "
+                                   "allocated it (the tensor exists only per iteration of that loop); apply "
+                                   f"{primitive} before compact_buffers")
         self._program = program
         self._trace.steps.append(Step(primitive, tuple(args.items())))
         return result

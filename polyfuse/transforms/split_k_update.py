@@ -64,7 +64,7 @@ from collections.abc import Callable
 
 from polyfuse import deps
 from polyfuse.deps.dependence import Dependence
-from polyfuse.errors import IllegalTransform
+from polyfuse.errors import IllegalTransform, NoRepairFound
 from polyfuse.ir.expr import Const, Expr, Load, Var, cast, const
 from polyfuse.ir.stmt import Block, Loop, Program, Seq, Store, Tensor
 from polyfuse.ir.validate import validate
@@ -176,6 +176,15 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     partial_reads = {name: _partial_reads(program, name, r_loads, tensors, loop, what) for name in locals_}
     numerics = repair.numerics if repair is not None else None
     surrogates = numerics.surrogates if numerics is not None else frozenset()
+    if repair is not None and repair.is_identity and surrogates:
+        # A surrogate is exact because the combine's repair reads the producer's final value (a row that
+        # stays 0 gets the plain program's 0/0 there); an identity repair has no such step.
+        raise NoRepairFound(
+            f"{what}: the term of block {block!r} does not depend on {', '.join(str(ld) for ld in surrogates)} in "
+            "real arithmetic (the repair is the identity), but in floating point it is singular while a split's "
+            "partial value is 0, and no combine step evaluates it at the final value (a row of zeros gives "
+            "the plain program's 0/0 only there); rolling_update evaluates it at the final value in the last "
+            "step")
     for name in locals_:
         program = guard_term(program, name, [(partial_reads[name][ld], program.block(tensors[ld.tensor.name]))
                                              for ld in r_loads if numerics is None or ld in numerics.guards])
