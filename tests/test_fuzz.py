@@ -79,5 +79,6 @@ def _entries() -> list:
 
 @pytest.mark.parametrize("entry", _entries())
 def test_corpus(entry):
-    failures = check_entry(entry)
+    with time_limit(CASE_SECONDS):
+        failures = check_entry(entry)
     assert not failures, "\n".join(f.line() for f in failures)

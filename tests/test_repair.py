@@ -438,3 +438,21 @@ def test_cold_solve_time_for_attention() -> None:
     warm = time.perf_counter() - start
     print(f"\nattention repair: cold {cold * 1e3:.1f} ms, warm {warm * 1e6:.1f} us, h = {rep.h}")
     assert cold < 1.0
+
+
+def test_the_solver_deadline_comes_again_after_a_lost_alarm():
+    """An exception raised while a finalizer runs is printed and dropped by Python; the deadline's alarm
+    repeats, so a search does not run on unbounded after one is lost (a suite once hung in sympy)."""
+    from polyfuse.transforms.repair import _deadline, _OutOfTime
+
+    caught = 0
+    with pytest.raises(_OutOfTime), _deadline(0.05):
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                time.sleep(0.01)
+            except _OutOfTime:
+                caught += 1  # the first one lost, as in a finalizer
+                if caught > 1:
+                    raise
+    assert caught == 2

@@ -254,7 +254,7 @@ def _deadline(seconds: float) -> Iterator[None]:
         yield
         return
     outer_handler = signal.getsignal(signal.SIGALRM)
-    outer_left, _ = signal.getitimer(signal.ITIMER_REAL)
+    outer_left, outer_every = signal.getitimer(signal.ITIMER_REAL)
     started = time.monotonic()
 
     def expire(signum, frame):
@@ -263,14 +263,16 @@ def _deadline(seconds: float) -> Iterator[None]:
         outer_handler(signum, frame)  # the caller's deadline came first
 
     signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left > 0 else seconds)
+    # Repeating: an exception raised while a finalizer runs (sympy's caches free objects at any time) is
+    # swallowed, so the alarm comes again every 0.5 s until the block has left.
+    signal.setitimer(signal.ITIMER_REAL, min(seconds, outer_left) if outer_left > 0 else seconds, 0.5)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, outer_handler)
         if outer_left > 0:
-            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-3))
+            signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-3), outer_every)
 
 
 def result_sign(block: Block, signs: Mapping[str, str] | None = None) -> str | None:
