@@ -143,6 +143,7 @@ class _Cond:
     text: str
     tile: Expr
     axes: frozenset[str]
+    variables: frozenset[str]
 
 
 class _Nest:
@@ -188,7 +189,7 @@ class _Nest:
                 raw.append(BinOp("<", b, ext if ext.dtype == b.dtype else Cast(b.dtype, ext)))
         if self.block.where is not None:
             raw += [self.sub(c) for c in conjuncts(self.block.where)]
-        return [_Cond(expr_to_str(c), self.expr(c, None), self.tile_axes(c)) for c in raw]
+        return [_Cond(expr_to_str(c), self.expr(c, None), self.tile_axes(c), frozenset(free_vars(c))) for c in raw]
 
     def mask(self, within: frozenset[str] | None, target: tuple[str, ...]) -> Expr | None:
         """The conjuncts using only axes in ``within`` (all when None), as one tile over ``target``."""
@@ -204,11 +205,43 @@ class _Nest:
         """Relax an access whose indices are in loop variables."""
         return relax_access(tensor_name, indices, self.sizes, block=self.block.name, access=text)
 
+    def _may_leave(self, ld: Load, axes: tuple[str, ...]) -> bool:
+        """Whether an index of ``ld`` can leave its tensor over the loops' whole ranges while what keeps it
+        inside is a condition on axes the load does not have: one that ties an outer loop variable of the
+        index to another axis (``j_0·4 + ax0 < 16`` for ``r_rf[j_0]``).  Conditions on its own axes mask
+        it already."""
+        outer: set[str] = set()
+        leaves = False
+        for idx, extent in zip(ld.indices, ld.tensor.shape, strict=True):
+            e = self.sub(idx)
+            rng, n = bounds(e, self.ranges), _static(extent)
+            if rng is None or n is None or rng[0] < 0 or rng[1] >= n:
+                leaves = True
+                outer |= free_vars(e) - set(self.order)
+        return leaves and any(not c.axes <= set(axes) and c.variables & outer for c in self.conds)
+
+    def _live(self, axes: tuple[str, ...]) -> Expr | None:
+        """True over ``axes`` where some instance of the tile runs: the whole mask, or-reduced over the
+        axes a load does not have.  A load whose index depends on an outer loop only (``r_rf[j_0]``) is
+        evaluated for a whole tile; where every instance of it is masked off (the last, empty split of a
+        reduction) its index may be past the buffer."""
+        live = self.mask(None, ())
+        if live is None:
+            return None
+        for a in self.order:
+            if a not in axes and a in axes_of(live):
+                live = Reduce("or", live, a)
+        return self.fit(live, axes, "mask")
+
     def load(self, ld: Load, fill: Const | None = None) -> Expr:
         """A relaxed, masked load, reconciled to the nest's loop order."""
         index = self.access(ld.tensor.name, ld.indices, expr_to_str(ld))
         axes = slice_axes(index)
         mask = self.mask(frozenset(axes), axes)
+        if self._may_leave(ld, axes):
+            live = self._live(axes)
+            if live is not None:
+                mask = live if mask is None else self.fit(_and(self.unify([mask, live])), axes, "mask")  # type: ignore[arg-type]
         other = fill if fill is not None else Const(False if ld.dtype.is_bool else 0, ld.dtype)
         tile = TileLoad(ld.tensor, index, mask, other if mask is not None else None)
         canon = tuple(a for a in self.order if a in axes)

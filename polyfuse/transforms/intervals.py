@@ -24,6 +24,8 @@ import sympy
 __all__ = ["Interval", "bound", "symbol_range"]
 
 _INF = math.inf
+SMALLEST_SUBNORMAL = 2.0 ** -149
+"""float32's smallest positive number; nearer to 0, a value of either float dtype may round to 0."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,13 @@ class Interval:
         below = v < self.hi or (v == self.hi and self.hi_in)
         return above and below
 
+    def may_be_zero(self) -> bool:
+        """True if a floating-point value in the interval may be 0: 0 is in it, or an end lies nearer to 0
+        than float32's smallest subnormal number.  Real arithmetic's ``exp(x) > 0``, ``1/(1 + e^x) > 0`` and
+        ``tanh(x) < 1`` hold for no float: a value that small rounds to 0 (``1 - tanh(20)`` is 0)."""
+        return (self.contains(0.0) or 0.0 <= self.lo < SMALLEST_SUBNORMAL
+                or -SMALLEST_SUBNORMAL < self.hi <= 0.0)
+
     def within(self, lo: float, hi: float) -> bool:
         """True if every value lies in [lo, hi]."""
         return lo <= self.lo and self.hi <= hi
@@ -68,13 +77,14 @@ ANY = Interval(-_INF, _INF)
 
 
 def symbol_range(sym: sympy.Symbol) -> Interval:
-    """The range sympy's assumptions give a symbol."""
+    """The range sympy's assumptions give a symbol: a stored value, so a positive one is a positive float,
+    at least the smallest subnormal number."""
     if sym.is_positive:
-        return Interval(1.0, _INF) if sym.is_integer else Interval(0.0, _INF, False)
+        return Interval(1.0, _INF) if sym.is_integer else Interval(SMALLEST_SUBNORMAL, _INF)
     if sym.is_nonnegative:
         return Interval(0.0, _INF)
     if sym.is_negative:
-        return Interval(-_INF, 0.0, hi_in=False)
+        return Interval(-_INF, -SMALLEST_SUBNORMAL)
     if sym.is_nonpositive:
         return Interval(-_INF, 0.0)
     return ANY

@@ -408,9 +408,10 @@ class _Checker:
                 arg, why = n.a, "raises to a power that can be negative"
             else:
                 continue
-            if any(isinstance(ld, Load) and ld in producers for ld in walk_expr(arg)):
-                continue  # condition 1 proper
-            if not bound(self.space.sym(arg), self.ranges).contains(0.0):
+            reads = [ld for ld in walk_expr(arg) if isinstance(ld, Load)]
+            if not reads or any(ld in producers for ld in reads):
+                continue  # condition 1 proper; or sizes and constants (a loop over a size of 0 never runs)
+            if not bound(self.space.sym(arg), self.ranges).may_be_zero():
                 continue
             raise NoRepairFound(
                 f"g {why} {arg}, which can be 0 (data): the term is then infinite, and whether it is NaN, +inf or "
@@ -431,7 +432,11 @@ class _Checker:
             p = self.p[f.load]
             bad = "its term is not known" if p is None else None
             if p is not None:
-                for factor, _ in sympy.factor_list(p)[1]:
+                try:
+                    factors = [f for f, _ in sympy.factor_list(p)[1]]
+                except sympy.PolynomialError:  # exp(x - m): not a polynomial, one factor
+                    factors = list(sympy.Mul.make_args(p))
+                for factor in factors:
                     while isinstance(factor, sympy.Abs):
                         factor = factor.args[0]
                     if not factor.free_symbols - producers:
@@ -666,10 +671,9 @@ def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str]]:
 
 
 def _safe(op: str, box: Interval) -> bool:
-    if op in ("div", "pow"):
-        return not box.contains(0.0) and not (box.lo < 0 < box.hi)
-    if op == "log":
-        return box.lo > 0 or (box.lo == 0 and not box.lo_in)
+    """Whether ``op`` is not singular on any float in ``box`` (a positive value may round to 0)."""
+    if op in ("div", "pow", "log"):
+        return not box.may_be_zero() and (op != "log" or box.lo > 0)
     return box.lo >= 0
 
 
