@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 import islpy as isl
 
-from polyfuse.errors import IllegalTransform, InternalError, NonAffineIndex
+from polyfuse.errors import IllegalTransform, NonAffineIndex
 from polyfuse.deps.domains import param_names, prune_where
 from polyfuse.deps.islconv import aff_text, build_map, dim_env, param_env
 from polyfuse.ir.affine import linear_form, variables
@@ -283,10 +283,13 @@ def _in_state_order(program: Program, combines: list[str], loop: str) -> Program
     lp = find_loop(program, combines[0], loop)
     kids = body_children(lp)
     slots = [child_containing(lp, name) for name in combines]
+    if slots == sorted(slots):
+        return program  # in order already (a local nest between two combines writes only its own partial)
     first = min(slots)
     if sorted(slots) != list(range(first, first + len(slots))):
-        raise InternalError(f"rolling_update: the combines {', '.join(combines)} are not adjacent statements of "
-                            f"loop {loop!r} (at {slots}); their order cannot be fixed without moving others")
+        raise IllegalTransform(f"rolling_update: the combines {', '.join(combines)} of the state repair are not "
+                               f"adjacent statements of loop {loop!r} (at {slots}) and not in the order the repair "
+                               "needs; their order cannot be fixed without moving others")
     kids[first:first + len(slots)] = [kids[k] for k in slots]
     return program.replace(body=replace_node(program.body, lp, lp.replace(body=seq(*kids))))
 
