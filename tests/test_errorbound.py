@@ -184,6 +184,12 @@ def test_the_bound_of_a_sum_covers_a_lost_term():
     assert v == 0.0 and e >= 2.0 ** -25
 
 
+def test_a_value_minus_itself_is_exactly_zero():
+    # the same error on both sides (a fuzzer find: Σ (r - r) over a running product looked inaccurate)
+    (v,), (e,) = _bounded(_of_sum(lambda s: s - s), x=LOST)["y"]
+    assert v == 0.0 and e == 0.0
+
+
 def test_division_by_a_value_that_may_be_zero_is_unbounded():
     (v,), (e,) = _bounded(_of_sum(lambda s: 1.0 / (s + 2.0 ** -30)), x=LOST)["y"]
     assert v == 2.0 ** 30 and np.isinf(e)  # the exact value is 1 / (2^-25 + 2^-30)

@@ -150,6 +150,10 @@ def propagate(e: BinOp | Call | Select | Cast, values: list[Value], errors: list
     if isinstance(e, Cast):
         return _finish(_cast(e, a[0], errors[0], r), r, a, errors, e)
     err = _binop(e, a, errors) if isinstance(e, BinOp) else _call(e, a[0], errors[0])
+    if isinstance(e, BinOp) and e.op == "-" and e.a == e.b:
+        # one value minus itself: exactly 0 in both the computed and the exact program (each side's error
+        # is the same error), not |e_a| + |e_b|
+        err = np.where(np.asarray(r, dtype=np.float64) == 0, _ZERO, err)
     if e.dtype.is_float:
         libm = isinstance(e, Call) and e.fn in _LIBM or isinstance(e, BinOp) and e.op == "pow"
         if libm:
