@@ -374,7 +374,7 @@ class _Checker:
         NoRepairFound if some operation is singular otherwise."""
         needed: set[Load] = set()
         producers = set(self.space.new) | set(self.space.old_loads.values())
-        for op, arg, why in _hazards(e):
+        for op, arg, why, _ in _hazards(e):
             if not any(isinstance(n, Load) and n in producers for n in walk_expr(arg)):
                 continue
             s = self.space.sym(arg)
@@ -399,14 +399,8 @@ class _Checker:
         fused term reads the running values where the plain one reads the final ones.  A NaN of the data
         alone (``sqrt`` or ``log`` of a negative value) is NaN at any producer value, so only poles count."""
         producers = set(self.space.new) | set(self.space.old_loads.values())
-        for n in walk_expr(self.term):
-            if isinstance(n, BinOp) and n.op == "/" and n.dtype.is_float:
-                arg, why = n.b, "divides by"
-            elif isinstance(n, Call) and n.fn in ("log", "log2"):
-                arg, why = n.args[0], "takes the log of"
-            elif isinstance(n, BinOp) and n.op == "pow" and not (isinstance(n.b, Const) and n.b.value >= 0):
-                arg, why = n.a, "raises to a power that can be negative"
-            else:
+        for _, arg, why, pole in _hazards(self.term):
+            if not pole:
                 continue
             reads = [ld for ld in walk_expr(arg) if isinstance(ld, Load)]
             if not reads or any(ld in producers for ld in reads):
@@ -433,7 +427,7 @@ class _Checker:
             bad = "its term is not known" if p is None else None
             if p is not None:
                 try:
-                    factors = [f for f, _ in sympy.factor_list(p)[1]]
+                    factors = [factor for factor, _ in sympy.factor_list(p)[1]]
                 except sympy.PolynomialError:  # exp(x - m): not a polynomial, one factor
                     factors = list(sympy.Mul.make_args(p))
                 for factor in factors:
@@ -657,17 +651,18 @@ def _at_term_value(g: sympy.Basic, p: sympy.Basic, value: sympy.Basic) -> sympy.
     return None
 
 
-def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str]]:
-    """The operations of ``e`` that can be singular: (kind, argument, description)."""
+def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str, bool]]:
+    """The operations of ``e`` that can be singular: (kind, argument, description, whether the argument at 0
+    is a pole: ``c/0``, ``log(0)``, ``0 ** -k`` are infinite, ``sqrt(0)`` and ``0 ** k`` are not)."""
     for n in walk_expr(e):
         if isinstance(n, BinOp) and n.op == "/" and n.dtype.is_float:
-            yield "div", n.b, "divides by"
+            yield "div", n.b, "divides by", True
         elif isinstance(n, BinOp) and n.op == "pow":
-            yield "pow", n.a, "raises to a power"
+            yield "pow", n.a, "raises to a power", not (isinstance(n.b, Const) and n.b.value >= 0)
         elif isinstance(n, Call) and n.fn in ("log", "log2"):
-            yield "log", n.args[0], "takes the log of"
+            yield "log", n.args[0], "takes the log of", True
         elif isinstance(n, Call) and n.fn == "sqrt":
-            yield "sqrt", n.args[0], "takes the square root of"
+            yield "sqrt", n.args[0], "takes the square root of", False
 
 
 def _safe(op: str, box: Interval) -> bool:

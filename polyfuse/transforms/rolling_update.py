@@ -171,10 +171,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         estimated = [ld for ld in r_loads if accumulators and plain_sum(program, tensors[ld.tensor.name])]
         seen = {ld: _elements_seen(program, tensors[ld.tensor.name], loop) for ld in estimated}
         for name, h in states:
-            program = guard_term(program, locals_[name], guards)
-            local = program.block(locals_[name])
-            program = replace_block(program, with_surrogates(local, {
-                ld: surrogate(ld, _last(program, local, loop) if final[ld] else None) for ld in surrogates}))
+            program = _fix_term(program, locals_[name], guards, surrogates, final, loop)
             old: dict[Load, Expr] = {ld: surrogate(v) if ld in surrogates else v for ld, v in prev.items()}
             new: dict[Load, Expr] = {ld: surrogate(ld, _last(program, program.block(name), loop) if final[ld] else None)
                                      if ld in surrogates else ld for ld in r_loads}
@@ -195,12 +192,10 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             program = _apply_repair(program, name, loop, h, old, new, producers_of, state, final_identity)
 
     elif fixes_term and numerics is not None:
-        program = guard_term(program, locals_[block], [(ld, program.block(tensors[ld.tensor.name]))
-                                                       for ld in r_loads if ld in numerics.guards])
-        local = program.block(locals_[block])
-        program = replace_block(program, with_surrogates(local, {
-            ld: surrogate(ld, None if _combined_later(program, tensors[ld.tensor.name], loop)
-                          else _last(program, local, loop)) for ld in numerics.surrogates}))
+        program = _fix_term(program, locals_[block],
+                            [(ld, program.block(tensors[ld.tensor.name])) for ld in r_loads if ld in numerics.guards],
+                            numerics.surrogates,
+                            {ld: not _combined_later(program, tensors[ld.tensor.name], loop) for ld in r_loads}, loop)
 
     # Step 8. The init, combined once everything is summed (the order of a sum changes only its rounding).
     if late_init:
@@ -396,6 +391,17 @@ def _state_before(combine: Block, accumulators: list[Tensor]) -> list[Expr]:
     indices = combine.store.indices
     zero = combine.reducer.identity  # type: ignore[union-attr]
     return [select(first, zero, Load(t, indices)) for t in accumulators]
+
+
+def _fix_term(program: Program, local: str, guards: list[tuple[Load, Block]], surrogates: frozenset[Load],
+              final: dict[Load, bool], loop: str) -> Program:
+    """The term of ``local`` read at the producers' running values, made exact: guarded where a producer
+    is at its infinite identity, and a mass at 0 read through its surrogate (its real value at the last
+    step, where that value is final)."""
+    program = guard_term(program, local, guards)
+    b = program.block(local)
+    return replace_block(program, with_surrogates(b, {
+        ld: surrogate(ld, _last(program, b, loop) if final[ld] else None) for ld in surrogates}))
 
 
 def _empty_or(block: Block, init: Expr, identity: Expr) -> Expr:

@@ -20,8 +20,8 @@ from typing import Any
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.stmt import PARALLEL, UNROLLED, VECTORIZED, Program
 from polyfuse.transforms.annotate import annotate as _annotate
-from polyfuse.transforms.compact import outside_allocation
 from polyfuse.transforms.annotate import bind as _bind
+from polyfuse.transforms.compact import outside_allocation
 from polyfuse.transforms.fuse import fuse as _fuse
 from polyfuse.transforms.reorder import reorder as _reorder
 from polyfuse.transforms.split import split as _split
