@@ -3,7 +3,8 @@
 For each operator and mode at its benchmark sizes (``Operator.presets``; ``--sizes test`` takes
 the small test sizes), on the same inputs (``Operator.inputs``, magnitude 1):
 
-- polyfuse: the operator's default GPU schedule (``default_schedule(..., target="cuda")``), built
+- polyfuse: the operator's default GPU schedule for the device (``default_schedule(..., target="cuda",
+  device=loader("cuda").device_spec())``), built
   with ``polyfuse.pipeline.build(sch, "cuda", fp_contract=True)`` (FMA contraction asked for, as
   ``polyfuse check --backend cuda`` asks); schedule and build times are recorded apart (compile time);
 - PyTorch eager (``torch_ops.py``), ``torch.compile`` of it (compile time excluded), and the other
@@ -253,6 +254,7 @@ def run_case(name: str, key: str, mode: str, sizes: dict[str, int], args: argpar
     from polyfuse import ops
     from polyfuse.pipeline import build
     from polyfuse.ops.schedules import default_schedule
+    from polyfuse.runtime.loaders import loader
 
     op = ops.get(name)
     rec: dict[str, Any] = {"operator": name, "mode": key, "sizes": sizes,
@@ -285,8 +287,10 @@ def run_case(name: str, key: str, mode: str, sizes: dict[str, int], args: argpar
     candidates: dict[str, Callable[[], Any] | str] = {}
     # polyfuse
     try:
+        device = loader("cuda", args.loader).device_spec()  # the device build() compiles for
+        rec["device"] = device.describe()
         start = time.perf_counter()
-        sch = default_schedule(name, mode, program, target="cuda")
+        sch = default_schedule(name, mode, program, target="cuda", device=device)
         rec["schedule_s"] = time.perf_counter() - start
         start = time.perf_counter()
         kernel = build(sch, "cuda", loader=args.loader, fp_contract=True)  # as `polyfuse check --backend cuda`

@@ -25,6 +25,7 @@ from polyfuse.cli.stages import BACKENDS, Subject
 from polyfuse.errors import NoRepairFound, PolyfuseError
 from polyfuse.ir import interpret
 from polyfuse.ops import schedules
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.variants import VARIANTS, Operand, apply_variant, declared, leading_zero_counts, special_kinds
 
 SEEDS = {"interp": (0, 1, 2), "fused": (0,), "tile": (0,), "cpp": (0, 1, 2)}
@@ -153,8 +154,8 @@ def test_leading_zeros_cover_half_the_row_all_but_one_and_each_power_of_two():
 
 
 @pytest.mark.parametrize(("extent", "gpu_tile"), [
-    (40, schedules.GPU_ROW_TILE), (8192, schedules.GPU_ROW_TILE), (256, schedules.GPU_GEMM_TILE[2]),
-    (4096, schedules.GPU_GEMM_TILE[2]), (4096, schedules.GPU_PREFILL_TILE[1]), (4096, schedules.GPU_PERFORMER_TILE[0]),
+    (40, GpuTuning().row_tile), (8192, GpuTuning().row_tile), (256, GpuTuning().gemm_tile[2]),
+    (4096, GpuTuning().gemm_tile[2]), (4096, GpuTuning().prefill_tile[1]), (4096, GpuTuning().performer_tile[0]),
 ])
 def test_leading_zeros_cover_a_whole_gpu_tile(extent, gpu_tile):
     """The rolling loops of the GPU schedules step over ``_fit(tile, extent)`` elements: the first row's zeros

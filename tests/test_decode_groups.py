@@ -11,17 +11,20 @@ cases on an NVIDIA GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
 
 from polyfuse import ops
+from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CUDA, emit
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir import interpret
 from polyfuse.ir.affine import fold_div_mod
 from polyfuse.ir.expr import Var
 from polyfuse.ops import schedules
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import DecodeTiling, default_schedule, gpu_decode_tiling
 from polyfuse.tiling import interpret as interpret_tiles
 from polyfuse.tiling import to_tiles
@@ -69,24 +72,28 @@ def test_tiling_rule_at_the_bench_presets(name, preset, expected, splits):
     assert tiling.splits(sizes["Skv"]) == splits
 
 
-def test_tiling_rule_follows_the_module_constants(monkeypatch):
-    monkeypatch.setattr(schedules, "GPU_DECODE_HEADS", 32)
-    monkeypatch.setattr(schedules, "GPU_DECODE_BLOCKS", 128)
-    tiling = gpu_decode_tiling(1, 128, 1, 32768, 576)
+def test_tiling_rule_follows_the_tuning_and_the_device():
+    small = dataclasses.replace(PRESETS["sm_90a"], sms=16)
+    tuning = GpuTuning(decode_heads=32, decode_waves=4)  # 8 blocks per SM of 16: 128 blocks
+    tiling = gpu_decode_tiling(1, 128, 1, 32768, 576, device=small, tuning=tuning)
     assert (tiling.heads, tiling.tile) == (32, 64)
     assert tiling.splits(32768) == 32  # 4 head groups × 32 splits = 128 blocks
-    assert gpu_decode_tiling(1, 24, 8, 4096, 128).heads == 3  # a divisor of the group of 3
+    half = dataclasses.replace(tuning, decode_blocks_per_sm=4)
+    assert gpu_decode_tiling(1, 128, 1, 32768, 576, device=small, tuning=half).splits(32768) == 16
+    assert gpu_decode_tiling(1, 24, 8, 4096, 128, tuning=tuning).heads == 3  # a divisor of the group of 3
+    assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=GpuTuning(decode_min_split=4096)).splits(32768) == 8
+    assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=GpuTuning(combine_columns=64)).columns == 64
 
 
-def test_splits_divide_the_tiles_and_aim_at_two_waves_of_resident_blocks(monkeypatch):
+def test_splits_divide_the_tiles_and_aim_at_two_waves_of_resident_blocks():
     # MLA's partial block (64 keys x 584 and 16 query rows of 584, f16) leaves room for two blocks per SM:
-    # at B=32 the 256 head groups get 2 splits (2 waves of 264), not the 4 that GPU_DECODE_BLOCKS asks for.
+    # at B=32 the 256 head groups get 2 splits (2 waves of 264), not the 4 that 8 blocks per SM ask for.
     # A split count that does not divide the tiles is lowered to one that does (no masked last split).
     assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 2
-    monkeypatch.setattr(schedules, "GPU_DECODE_WAVES", 4)
-    assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 4
-    monkeypatch.setattr(schedules, "GPU_DECODE_BLOCKS", 700)
-    assert gpu_decode_tiling(32, 128, 1, 4096, 576).splits(4096) == 2  # 3 does not divide the 64 tiles
+    four_waves = GpuTuning(decode_waves=4)
+    assert gpu_decode_tiling(32, 128, 1, 4096, 576, tuning=four_waves).splits(4096) == 4
+    fewer_blocks = GpuTuning(decode_waves=4, decode_blocks_per_sm=5)  # 660 blocks: 3 splits of the 256 groups
+    assert gpu_decode_tiling(32, 128, 1, 4096, 576, tuning=fewer_blocks).splits(4096) == 2  # 3 does not divide 64
     tiling = gpu_decode_tiling(1, 32, 32, 40 * 128, 128)  # 40 tiles: 32 splits would not divide them
     assert tiling.splits(40 * 128) == 5 and tiling.split == 8 * 128
 
@@ -150,8 +157,8 @@ def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps,
     source = emit(to_tiles(sch.program), CUDA)
     partial, combine = source.launches
     assert _blocks(partial) == groups * splits
-    # The combine's grid: head groups × blocks of GPU_COMBINE_COLUMNS output columns.
-    assert _blocks(combine) == groups * (dv // schedules.GPU_COMBINE_COLUMNS)
+    # The combine's grid: head groups × blocks of combine_columns output columns.
+    assert _blocks(combine) == groups * (dv // GpuTuning().combine_columns)
     assert partial.shared <= 227 * 1024
     assert f"for (int j_1 = 0; j_1 < ({steps}); ++j_1)" in source.text
     scores, values = products

@@ -19,10 +19,12 @@ import pytest
 
 from polyfuse import ops
 from polyfuse.emit_cpp import CUDA, HIP, emit
-from polyfuse.emit_cpp.grid import CTA, partition
-from polyfuse.emit_cpp.mma import exact_low
+from polyfuse.tiling.grid import CTA, partition
+from polyfuse.emit_cpp.dotplan import Frame, exact_low, k_groups
+from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.errors import LaunchError, NoRepairFound, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu import GpuKernel
@@ -36,10 +38,10 @@ WERROR = CompileOptions(werror=True)
 """Compile tests treat warnings as errors (nvcc ``-Werror all-warnings``, hipcc ``-Werror``)."""
 
 
-def _tiles(name: str, mode: str, target: str = "cuda", **sizes: int):
+def _tiles(name: str, mode: str, target: str = "cuda", tuning: GpuTuning | None = None, **sizes: int):
     op = ops.get(name)
     sizes = {**op.sizes(mode), **sizes}
-    return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target).program)
+    return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target, tuning=tuning).program)
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +105,7 @@ def test_attention_dots_use_tensor_cores(sources, name, mode):
 
 @pytest.mark.parametrize(("name", "mode"), FUSED)
 def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
-    """CUDA's ``__expf`` (FAST_EXP) where the outputs are f16/bf16 (attention's tolerance has its term); f32
+    """CUDA's ``__expf`` (option fast_exp) where the outputs are f16/bf16 (attention's tolerance has its term); f32
     outputs keep the 2-ulp ``exp`` their tolerances assume, and HIP always does."""
     program = _tiles(name, mode)
     fast = all(t.dtype.is_float and t.dtype.bits == 16 for t in program.outputs)
@@ -127,13 +129,11 @@ def test_row_kernels_use_128_bit_accesses(name):
     assert "uint4" in text
 
 
-def test_decode_splits_into_partial_and_combine_kernels(monkeypatch):
-    from polyfuse.ops import schedules
-
+def test_decode_splits_into_partial_and_combine_kernels():
     # At the test size (Skv = 40) the split rule keeps all keys in one split: one kernel, no combine.
     assert [(n.kind, len(n.chain)) for n in partition(_tiles("attn_causal", "decode"))[1]] == [(CTA, 3)]
-    monkeypatch.setattr(schedules, "GPU_DECODE_MIN_SPLIT", 1)  # three splits of 16 keys
-    program, nests = partition(_tiles("attn_causal", "decode"))
+    any_split = GpuTuning(decode_min_split=1)  # three splits of 16 keys
+    program, nests = partition(_tiles("attn_causal", "decode", tuning=any_split))
     kinds = [(n.kind, len(n.chain)) for n in nests]
     assert kinds == [(CTA, 4), (CTA, 3)]  # (b, i, h, split) partials; (b, i, h) combine with out
     promoted = {t.name: t for t in program.tensors}["row_max_rf"]
@@ -212,13 +212,10 @@ class RecordingLoader(Loader):
 
 
 @pytest.fixture()
-def decode_kernel(tmp_path, monkeypatch):
+def decode_kernel(tmp_path):
     # Any split length (Skv = 40: three splits of 16 keys), so that the partial kernel, its
     # global scratch and the combine kernel are all launched.
-    from polyfuse.ops import schedules
-
-    monkeypatch.setattr(schedules, "GPU_DECODE_MIN_SPLIT", 1)
-    source = emit(_tiles("attn_causal", "decode"), CUDA)
+    source = emit(_tiles("attn_causal", "decode", tuning=GpuTuning(decode_min_split=1)), CUDA)
     image = tmp_path / "k.cubin"
     image.write_bytes(b"")
     loader = RecordingLoader()
@@ -263,58 +260,25 @@ def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
     assert str(program).count("reduce_sum(") >= 3
 
 
-def test_exact_16_bit_operands_stream_into_shared_memory_by_cp_async():
-    # q, k and v are 16-bit input tiles of the rolling loop's dots: 16-byte cp.async copies into buffers
-    # of their own (P is split hi+lo and staged by the block instead).  q does not change with the loop:
-    # one buffer, copied at the first iteration only.  k and v do: two buffers each, the copy of the
-    # next tile issued (under the loop variable shadowed by j + 1) right after the current one is
-    # published, and every later iteration waits for all but the one group committed after it.
-    from polyfuse.emit_cpp.cuda import CudaEmitter
-
-    class Streamed(CudaEmitter):
-        stream_stages = 2
-
-    text = Streamed(_tiles("attn_causal", "prefill"), CUDA).kernel("streamed").text
-    assert "pf_q = *reinterpret_cast<const uint4*>" not in text
-    assert text.count("pf::cp_async16(") == 5  # q once; k and v at the first iteration and for the next tile
-    assert text.count("const int j_0 = pf_next;") == 2
-    assert re.search(r"uint16_t\* pf_t\w+ = pf_stream\d+;", text)  # q: one stage
-    assert len(re.findall(r"uint16_t\* pf_t\w+ = pf_stream\d+ \+ \(j_0 & 1\) \* \d+;", text)) == 2
-    assert text.count("pf::cp_async_wait<1>();") == 2 and text.count("pf::cp_async_wait<0>();") == 3
-
-
-def test_without_streaming_exact_16_bit_operands_are_staged_by_cp_async():
+def test_exact_16_bit_operands_are_staged_by_cp_async():
     # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between.  q does not
     # change with the loop: copied once, at the first iteration, into a buffer of its own.  k and v are
     # copied at every iteration; each dot commits its copies and waits for them right before the
     # barrier that publishes its operands.
-    from polyfuse.emit_cpp.cuda import CudaEmitter
-
-    class Plain(CudaEmitter):
-        stream_stages = 0
-
-    text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
+    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
     assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
                      r"\s*const uint16_t\* pf_p = &q\[[^;]*;"
                      r"\s*#pragma unroll 4\s*for \(int pf_g = pf_tid; pf_g < 32; pf_g \+= 256\) \{"
                      r"[^}]*\{[^}]*pf_src = &pf_p\[0\]", text)
-    assert re.search(r"uint16_t\* pf_ta\d+ = pf_stream\d+;", text)
+    assert re.search(r"uint16_t\* pf_ta\d+ = pf_keep\d+;", text)
     assert len(re.findall(r"pf::cp_async_commit\(\);\s*pf::cp_async_wait<0>\(\);\s*__syncthreads\(\);", text)) == 2
     assert text.count("cp_async_wait<0>") == 3  # the two dots, and the drain after the loop
 
 
-def test_synchronous_staging_copies_through_registers_when_cp_async_is_off(monkeypatch):
-    from polyfuse.emit_cpp import mma, stream
-    from polyfuse.emit_cpp.cuda import CudaEmitter
-
-    class Plain(CudaEmitter):
-        stream_stages = 0
-
-    monkeypatch.setattr(mma, "ASYNC_STAGING", False)
-    monkeypatch.setattr(stream, "KEEP_INVARIANT", False)
-    text = Plain(_tiles("attn_causal", "prefill"), CUDA).kernel("plain").text
+def test_synchronous_staging_copies_through_registers_when_cp_async_is_off():
+    text = emit(_tiles("attn_causal", "prefill"), CUDA.with_options(async_staging=False, keep_invariant=False)).text
     assert "cp_async" not in text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3
 
@@ -372,7 +336,7 @@ def test_tensor_core_results_go_in_place_into_padded_rows():
     assert "pf::mma_f16" in code and "float* pf_t" not in code.split("tensor cores")[1]
     assert "score[(" in code and "* 72 + x_ax1)] = " in code
     # pv, the rolling accumulator, is updated in registers (polyfuse.emit_cpp.registers).
-    assert re.search(r"pf_acc\d+\[pf_nb\]\[pf_q\] = ", _statement(text, "pv"))
+    assert re.search(r"pf_racc\d+\[pf_nb\]\[pf_q\] = ", _statement(text, "pv"))
     assert "// qk\n" not in text and "// pv_rf\n" not in text
     # Ragged tiles (S = 40) keep masked stores: the dot goes to a pitched result array, written
     # in pairs (16 columns + 24 words of padding).
@@ -387,9 +351,9 @@ def test_rolling_accumulators_stay_in_registers_across_the_loop():
     text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64), CUDA).text
     loop = text[text.index("for (int j_0"):text.index("// pv: pv from registers")]
     assert "pv[" not in loop
-    assert re.search(r"float pf_acc\d+\[\d\]\[4\] = \{\};  // pv: pv in registers", text)
+    assert re.search(r"float pf_racc\d+\[\d\]\[4\] = \{\};  // pv: pv in registers", text)
     after = _statement(text, "pv: pv from registers")
-    assert re.search(r"pv\[.*\] = pf_acc\d+\[pf_nb\]\[pf_q\];", after)
+    assert re.search(r"pv\[.*\] = pf_racc\d+\[pf_nb\]\[pf_q\];", after)
     # The GEMM's C likewise; a split decode's partial pv, in global memory, too.
     gemm = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA).text
     assert "C_shared from registers" in gemm
@@ -431,35 +395,36 @@ def test_epilogue_guards_only_padding():
     assert "if (pf_m < 4)" in mla and "if (pf_n < " not in mla
 
 
-def test_presplit_is_a_kernel_of_its_own_and_can_be_turned_off(monkeypatch):
+def test_presplit_is_a_kernel_of_its_own_and_can_be_turned_off():
     # quant_gemm's W (read by every row block) is split by a first kernel; the GEMM copies both parts with
     # cp.async into the hi and lo halves of its staged tile, and converts nothing of W itself.
-    from polyfuse.emit_cpp import presplit
-
     source = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA)
     assert [launch.kernel for launch in source.launches] == ["polyfuse_quant_gemm_split_W", "polyfuse_quant_gemm_k0"]
     assert [a.name for a in source.args][-2:] == ["W_pf_hi", "W_pf_lo"]
     gemm = _statement(source.text, "s_gemm")
     assert re.search(r"pf::cp_async16\(&\(pf_tb\d+ \+ \d+\)\[", gemm) and "W[" not in gemm
-    monkeypatch.setattr(presplit, "PRESPLIT", False)
-    plain = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA)
+    plain = emit(_tiles("quant_gemm", "default", M=128, K=256, N=128), CUDA.with_options(presplit=False))
     assert len(plain.launches) == 1 and "W_pf_hi" not in plain.text and "W[" in _statement(plain.text, "s_gemm")
+
+
+def _eight_warps() -> Frame:
+    """The frame of a CUDA block kernel of eight warps, default options."""
+    return Frame({}, 256, 32, True, CodegenOptions())
 
 
 def test_accumulators_other_statements_read_stay_in_memory():
     from polyfuse.emit_cpp import registers
-    from polyfuse.emit_cpp.cuda import CudaEmitter
     from polyfuse.ir.stmt import Loop, Seq
+    from polyfuse.tiling.gpu import lower_for_gpu
     from polyfuse.tiling.htile import walk_tile_stmts
 
-    program = _tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64)
-    em = CudaEmitter(program, CUDA)
-    loops = [s for s in walk_tile_stmts(em.program.body) if isinstance(s, Loop) and s.var.name == "j_0"]
-    assert loops and "pv" in registers.plan(em, loops[0])
+    gpu = lower_for_gpu(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64))
+    loops = [s for s in walk_tile_stmts(gpu.program.body) if isinstance(s, Loop) and s.var.name == "j_0"]
+    assert loops and "pv" in registers.plan(_eight_warps(), loops[0], str)
     # A statement of the loop that also reads pv (here: pv again, as a second statement) keeps it in memory.
     body = loops[0].body
     doubled = loops[0].replace(body=Seq((*body.stmts, *(s for s in body.stmts if s.block == "pv"))))
-    assert "pv" not in registers.plan(em, doubled)
+    assert "pv" not in registers.plan(_eight_warps(), doubled, str)
 
 
 def test_f32_operands_are_split_four_at_a_time():
@@ -489,19 +454,17 @@ def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
     assert not re.search(r"#pragma unroll\n\s*for \(int x_", rows)
 
 
-def test_min_blocks_asks_for_registers_that_let_blocks_reside(monkeypatch):
+def test_min_blocks_asks_for_registers_that_let_blocks_reside():
     # Causal prefill's block takes 62 KB of shared memory at the bench preset: 3 blocks fit on an SM, and
     # the kernel asks for registers that let 3 reside.  Global prefill's 42 KB let 5 reside: it asks nothing.
-    from polyfuse.emit_cpp import cuda
-
     for name, asks in (("attn_causal", True), ("attn_global", False)):
         source = emit(_tiles(name, "prefill", **ops.get(name).presets["prefill"]), CUDA)
         (launch,) = source.launches
-        resident = cuda.SM_SHARED // (launch.shared + 1024)
-        assert (resident <= cuda.MIN_BLOCKS) == asks
+        resident = CUDA.device.blocks_per_sm(launch.shared)
+        assert (resident <= CUDA.options.min_blocks) == asks
         assert (f"__launch_bounds__(256, {resident})" in source.text) == asks
-    monkeypatch.setattr(cuda, "MIN_BLOCKS", None)
-    assert "__launch_bounds__(256, " not in emit(_tiles("attn_causal", "prefill"), CUDA).text
+    unasked = emit(_tiles("attn_causal", "prefill"), CUDA.with_options(min_blocks=None)).text
+    assert "__launch_bounds__(256, " not in unasked
 
 
 def test_cheap_broadcasts_are_recomputed_not_staged():
@@ -537,13 +500,11 @@ def _loop_body(text: str, header: str) -> str:
     raise AssertionError(f"unclosed loop {header!r}")
 
 
-def test_rolling_statistics_are_one_row_group(monkeypatch):
+def test_rolling_statistics_are_one_row_group():
     # The split decode's rolling loop: the saved maximum, the maximum, the row sum of the tile and the
     # rolling row sum are one pass (the row sum moved ahead of the independent value product), 16 lanes per
     # head reducing by shuffles; lane 0 stores after a warp barrier.  Five block barriers per key tile
     # instead of ten, and the product's repair factor is computed per fragment row, not in a pass of its own.
-    from polyfuse.emit_cpp import rows
-
     sizes = ROW_GROUP_CASES[0][2]
     loop = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
     assert "// row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf\n" in loop
@@ -554,8 +515,8 @@ def test_rolling_statistics_are_one_row_group(monkeypatch):
     assert group.index("pf::syncwarp();") < group.index("if (pf_rl == 0 && pf_rr < 16) {")
     assert loop.count("__syncthreads();") == 5
     assert not re.search(r"pf_t\d+\[pf_e\] = exp\(", loop)
-    monkeypatch.setattr(rows, "ROW_GROUPS", False)
-    plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
+    plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA.with_options(row_groups=False)).text,
+                       "for (int j_1 = 0;")
     assert "// row group" not in plain and plain.count("__syncthreads();") == 10
 
 
@@ -579,21 +540,24 @@ def test_row_groups_stop_at_reads_of_other_rows():
     import dataclasses
 
     from polyfuse.emit_cpp import rows
-    from polyfuse.emit_cpp.cuda import CudaEmitter
     from polyfuse.ir.expr import Const
+    from polyfuse.tiling.gpu import lower_for_gpu
     from polyfuse.tiling.htile import Slice, TileLoad, TileStore, walk_tile_stmts
 
-    tiles = _tiles("attn_causal", "prefill", **ROW_GROUP_CASES[1][2])
-    em = CudaEmitter(tiles, CUDA)
-    stores = {s.block: s for s in walk_tile_stmts(em.program.body) if isinstance(s, TileStore)}
+    gpu = lower_for_gpu(_tiles("attn_causal", "prefill", **ROW_GROUP_CASES[1][2]))
+    stores = {s.block: s for s in walk_tile_stmts(gpu.program.body) if isinstance(s, TileStore)}
     save, rmax = stores["row_max_save"], stores["row_max"]
-    assert rows.split(em, [save, rmax]) == [[save, rmax]]
+
+    def groups(stmts):
+        return [list(g.stores) if isinstance(g, rows.RowGroup) else g for g in rows.split(_eight_warps(), stmts)]
+
+    assert groups([save, rmax]) == [[save, rmax]]
     shifted = tuple(dataclasses.replace(i, start=Const(1, i.start.dtype)) if isinstance(i, Slice) else i
                     for i in rmax.index)
     other_row = TileStore("other_row", save.tensor, save.index, TileLoad(rmax.tensor, shifted))
     same_row = TileStore("same_row", save.tensor, save.index, TileLoad(rmax.tensor, rmax.index))
-    assert rows.split(em, [save, rmax, other_row]) == [[save, rmax], [other_row]]
-    assert rows.split(em, [save, rmax, same_row]) == [[save, rmax, same_row]]
+    assert groups([save, rmax, other_row]) == [[save, rmax], [other_row]]
+    assert groups([save, rmax, same_row]) == [[save, rmax, same_row]]
 
 
 @pytest.mark.parametrize(("name", "mode", "sizes"), ROW_GROUP_CASES)
@@ -602,11 +566,14 @@ def test_row_groups_compile(name, mode, sizes, backend):
     tool = "nvcc" if backend == "cuda" else "hipcc"
     if shutil.which(tool) is None and not (backend == "hip" and os.path.exists("/opt/rocm/bin/hipcc")):
         pytest.skip(f"needs {tool}")
-    source = emit(_tiles(name, mode, backend, **sizes), CUDA if backend == "cuda" else HIP)
+    source = emit(_tiles(name, mode, backend, _SMALL_LDS if backend == "hip" else None, **sizes),
+                  CUDA if backend == "cuda" else HIP)
     assert "// row group:" in source.text
     compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, options=WERROR, compile_only=True)
 
 
+_SMALL_LDS = GpuTuning(gemm_tile=(64, 64, 32), decode_heads=8, decode_tile_bytes=20 * 1024)
+"""Tiles that fit gfx90a's 64 KB of LDS per block (the catalog's GPU tiles are sized for sm_90a's 227 KB)."""
 MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
 """MLA decode with DeepSeek's qk dim 576 and few keys: the score's k is long enough to split among warps."""
 
@@ -658,27 +625,20 @@ def test_long_k_score_splits_among_warp_groups():
     # cover the 64 keys form a group, and the groups take turns over the k steps; groups past the first
     # leave their partial sums in shared memory, a barrier, and group 0 adds them in group order and runs
     # the epilogue.  The pv product (k = 64 keys) is not split.
-    from polyfuse.emit_cpp import mma
-
+    tiles_per_warp = CodegenOptions().split_k_tiles
     text = emit(_tiles("attn_mla_decode", "decode", **MLA_576), CUDA).text
     score = _statement(text, "score")
-    units = 8 // mma.SPLIT_K_TILES  # warps covering the 8 key tiles
+    units = 8 // tiles_per_warp  # warps covering the 8 key tiles
     groups = 8 // units  # of the 8 warps
     assert f"const int pf_kg = pf_warp / {units};" in score
     assert f"for (int pf_kk = pf_kg * 16; pf_kk < 576; pf_kk += {16 * groups})" in score
-    assert f"float pf_c[{mma.SPLIT_K_TILES}][4] = {{}};" in score
+    assert f"float pf_c[{tiles_per_warp}][4] = {{}};" in score
     part = score.index("if (pf_kg > 0)")
     assert score.index("__syncthreads();", part) < score.index("if (pf_kg == 0)") < score.index("score[")
     assert "pf_kg" not in _statement(text, "pv_rf")
-    assert mma.k_groups(_Warps(), 1, 8, 36) == groups
-    assert mma.k_groups(_Warps(), 1, 8, 8) == 1  # k = 128: not split
-    assert mma.k_groups(_Warps(), 2, 16, 36) == 1  # enough tiles for every warp
-
-
-class _Warps:
-    """The warp arithmetic of an emitter of eight warps (what :func:`mma.k_groups` reads)."""
-
-    threads, warp = 256, 32
+    assert k_groups(_eight_warps(), 1, 8, 36) == groups
+    assert k_groups(_eight_warps(), 1, 8, 8) == 1  # k = 128: not split
+    assert k_groups(_eight_warps(), 2, 16, 36) == 1  # enough tiles for every warp
 
 
 def test_split_statistics_stay_in_shared_memory_across_the_loop():
@@ -703,7 +663,8 @@ def test_split_k_and_resident_statistics_compile(backend):
     tool = "nvcc" if backend == "cuda" else "hipcc"
     if shutil.which(tool) is None and not (backend == "hip" and os.path.exists("/opt/rocm/bin/hipcc")):
         pytest.skip(f"needs {tool}")
-    source = emit(_tiles("attn_mla_decode", "decode", backend, **MLA_576), CUDA if backend == "cuda" else HIP)
+    source = emit(_tiles("attn_mla_decode", "decode", backend, _SMALL_LDS if backend == "hip" else None, **MLA_576),
+                  CUDA if backend == "cuda" else HIP)
     assert "in shared memory across the loop" in source.text
     assert ("pf_kg" in source.text) == (backend == "cuda")  # (HIP's dots are not tensor-core products)
     compile_gpu(source.text, f"mla576_{backend}", backend, source.target.arch, options=WERROR, compile_only=True)

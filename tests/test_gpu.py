@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from polyfuse import ops
+from polyfuse.emit_cpp import CodegenOptions
 from polyfuse.errors import BackendUnavailable, LaunchError
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.pipeline import build
@@ -20,12 +21,12 @@ pytestmark = pytest.mark.gpu
 FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
 
 
-def _kernel(name: str, mode: str, loader: str | None = None, **sizes: int):
+def _kernel(name: str, mode: str, loader: str | None = None, codegen: CodegenOptions | None = None, **sizes: int):
     op = ops.get(name)
     sizes = {**op.sizes(mode), **sizes}
     try:
         kernel = build(default_schedule(name, mode, op.program(mode, **sizes), target="cuda"), "cuda",
-                       sizes=sizes, loader=loader, werror=True)
+                       sizes=sizes, loader=loader, werror=True, codegen=codegen)
     except BackendUnavailable as err:
         pytest.skip(str(err))
     return op, sizes, kernel
@@ -36,22 +37,6 @@ def test_operator_matches_numpy(name, mode):
     op, sizes, kernel = _kernel(name, mode)
     for magnitude in op.magnitudes:
         inputs = op.inputs(0, mode, sizes, magnitude)
-        result = ops.compare(kernel.run(inputs), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
-        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
-
-
-@pytest.mark.parametrize("stages", [1, 2])
-@pytest.mark.parametrize(("name", "mode"), [(n, m) for n in ("attn_causal", "attn_window", "attn_gqa",
-                                                             "attn_mla_decode") for m in ops.get(n).modes])
-def test_streamed_tiles_match_numpy(monkeypatch, stages, name, mode):
-    # Key/value (and query) tiles copied by cp.async ahead of use, one or two buffers each.
-    from polyfuse.emit_cpp import stream
-
-    monkeypatch.setattr(stream, "STREAM_STAGES", stages)
-    op, sizes, kernel = _kernel(name, mode)
-    assert "pf::cp_async16(" in kernel.kernel_source.text
-    for magnitude in op.magnitudes:
-        inputs = op.inputs(2, mode, sizes, magnitude)
         result = ops.compare(kernel.run(inputs), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
         assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
 
@@ -77,15 +62,12 @@ def test_presplit_operands_match_numpy(loader, name, sizes, split):
     ("attn_mla_decode", "decode", {"H": 16, "Skv": 4096, "Dv": 64, "Drope": 16}),
     ("attn_causal", "prefill", {"Sq": 128, "Skv": 128}), ("attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 256}),
     ("quant_gemm", "default", {"M": 128, "K": 192, "N": 128}), ("softmax", "default", {})])
-def test_row_groups_give_the_same_bits(monkeypatch, name, mode, sizes):
+def test_row_groups_give_the_same_bits(name, mode, sizes):
     # A run of row statements computed in one pass (polyfuse.emit_cpp.rows) evaluates the same expressions
     # in the same order as the statement-by-statement code: the outputs are bit for bit those without it,
     # and match NumPy.  (Sizes without padding: a masked statement is not part of a row group.)
-    from polyfuse.emit_cpp import rows
-
     op, sizes, grouped = _kernel(name, mode, **sizes)
-    monkeypatch.setattr(rows, "ROW_GROUPS", False)
-    _, _, plain = _kernel(name, mode, **sizes)
+    _, _, plain = _kernel(name, mode, codegen=CodegenOptions(row_groups=False), **sizes)
     assert ("// row group:" in grouped.kernel_source.text) == (name != "softmax")
     assert "// row group:" not in plain.kernel_source.text
     for magnitude in op.magnitudes:
@@ -100,29 +82,29 @@ def test_row_groups_give_the_same_bits(monkeypatch, name, mode, sizes):
 _MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
 
 
-@pytest.mark.parametrize(("module", "knob", "marker", "name", "mode", "sizes"), [
-    ("mma", "STEPPED_GROUPS", "pf_p += ", "attn_causal", "prefill", {"Sq": 128, "Skv": 128}),
-    ("mma", "STEPPED_GROUPS", "pf_p += ", "attn_mla_decode", "decode", _MLA_576),
-    ("resident", "RESIDENT", "in shared memory across the loop", "attn_mla_decode", "decode", _MLA_576),
-    ("resident", "RESIDENT", "in shared memory across the loop", "attn_gqa", "decode",
-     {"Hq": 32, "Hkv": 2, "Skv": 4096}),
-    ("mma", "SPLIT_K", "pf_kg", "attn_mla_decode", "decode", _MLA_576)])
-def test_staging_variants_match(monkeypatch, module, knob, marker, name, mode, sizes):
-    # Stepped staging addresses and statistics kept in shared memory across the loop compute the same
-    # expressions in the same order: the outputs are bit for bit those without them.  A k split among warp
-    # groups (MLA's score, k = 576) sums in another order: it matches NumPy and the unsplit kernel within
-    # the catalog tolerance.
-    import importlib
+_NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False)
 
+
+@pytest.mark.parametrize(("off_options", "marker", "name", "mode", "sizes"), [
+    (_NO_KEPT_TILES, "pf_keep", "attn_causal", "prefill", {"Sq": 128, "Skv": 128}),
+    (_NO_KEPT_TILES, "pf_keep", "attn_mla_decode", "decode", _MLA_576),
+    (CodegenOptions(resident=False), "in shared memory across the loop", "attn_mla_decode", "decode", _MLA_576),
+    (CodegenOptions(resident=False), "in shared memory across the loop", "attn_gqa", "decode",
+     {"Hq": 32, "Hkv": 2, "Skv": 4096}),
+    (CodegenOptions(split_k=False), "pf_kg", "attn_mla_decode", "decode", _MLA_576)])
+def test_staging_variants_match(off_options, marker, name, mode, sizes):
+    # Tiles a loop keeps (copied once, or read from another dot's tile) and statistics kept in shared memory
+    # across the loop compute the same expressions in the same order: the outputs are bit for bit those
+    # without them.  A k split among warp groups (MLA's score, k = 576) sums in another order: it matches
+    # NumPy and the unsplit kernel within the catalog tolerance.
     op, sizes, on = _kernel(name, mode, **sizes)
-    monkeypatch.setattr(importlib.import_module(f"polyfuse.emit_cpp.{module}"), knob, False)
-    _, _, off = _kernel(name, mode, **sizes)
+    _, _, off = _kernel(name, mode, codegen=off_options, **sizes)
     assert marker in on.kernel_source.text and marker not in off.kernel_source.text
     for magnitude in op.magnitudes:
         inputs = op.inputs(5, mode, sizes, magnitude)
         a, b = on.run(inputs), off.run(inputs)
         for key in a:
-            if knob == "SPLIT_K":
+            if not off_options.split_k:
                 result = ops.compare({key: a[key]}, {key: b[key]}, op.tolerance(mode, sizes))
                 assert result.ok, f"{key} at magnitude {magnitude:g}: {result.line()}"
             else:

@@ -19,16 +19,15 @@ import sympy
 
 from polyfuse import ops, tiling
 from polyfuse.emit_cpp import CUDA, emit
-from polyfuse.emit_cpp.grid import CTA, partition
+from polyfuse.tiling.grid import CTA, partition
 from polyfuse.errors import BackendUnavailable, NoRepairFound
 from polyfuse.ir import interpret
 from polyfuse.ir.expr import Const
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import Loop
 from polyfuse.ops import schedules
-from polyfuse.ops.schedules import (
-    GPU_GATE_TILE, GPU_GEMM_TILE, PerformerTiling, _fit, default_schedule, gpu_performer_tiling,
-)
+from polyfuse.ops.gpu_tuning import GpuTuning
+from polyfuse.ops.schedules import PerformerTiling, _fit, default_schedule, gpu_performer_tiling
 from polyfuse.pipeline import build
 from polyfuse.tiling.htile import Dot, TileStore, axes_of, walk_tile_expr, walk_tile_stmts
 from polyfuse.transforms.schedule import Schedule
@@ -84,7 +83,7 @@ def test_quant_gemm_plan_recomputes_amax_per_block_and_rolls_over_k_tiles():
 
 def test_quant_gemm_tile_program_is_a_dot_of_tiles_inside_the_k_loop():
     tp = tiles("quant_gemm", **GEMM)
-    rows, cols, step = GPU_GEMM_TILE
+    rows, cols, step = GpuTuning().gemm_tile
     step = _fit(step, GEMM["K"])  # the k step shrinks until K spans two of them
     k0 = loop_of(tp, "k_0")
     inside = [s.block for s in walk_tile_stmts(k0) if isinstance(s, TileStore)]
@@ -117,7 +116,7 @@ def test_quant_gemm_preset_launch():
     _, launch = source.launches
     grid = launch.blocks
     blocks = int(grid.value) if hasattr(grid, "value") else int(grid.a.value) * int(grid.b.value)
-    rows, cols, _ = GPU_GEMM_TILE
+    rows, cols, _ = GpuTuning().gemm_tile
     assert blocks == (4096 // rows) * (4096 // cols)
     assert 0 < launch.shared <= 227 * 1024
 
@@ -134,7 +133,7 @@ def test_moe_plan_tiles_token_rows_with_the_gate_product_inside():
     program = sch.program
     for block in ("s_gate", "s_max", "s_sum", "s_rank", "s_topv", "s_topi", "s_probs"):
         assert loops_of(program, block)[0].var.name == "s_0", block
-    rows, step = GPU_GATE_TILE
+    rows, step = GpuTuning().gate_tile
     tp = tiles("moe_routing", **GATE)
     h0 = loop_of(tp, "h_0")
     assert [s.block for s in walk_tile_stmts(h0) if isinstance(s, TileStore)] == ["s_gate_rf", "s_gate"]
@@ -152,7 +151,7 @@ def test_moe_preset_launch():
     # block reads its own rows).
     split, launch = source.launches
     assert split.kernel == "polyfuse_moe_routing_split_w"
-    assert int(launch.blocks.value) == 4096 // GPU_GATE_TILE[0]  # type: ignore[attr-defined]
+    assert int(launch.blocks.value) == 4096 // GpuTuning().gate_tile[0]  # type: ignore[attr-defined]
     assert 0 < launch.shared <= 227 * 1024
 
 

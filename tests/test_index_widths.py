@@ -16,8 +16,8 @@ from ir_programs import softmax_sum
 
 from polyfuse import tiling
 from polyfuse.emit_cpp import CUDA, emit
-from polyfuse.emit_cpp.cuda import CudaEmitter
 from polyfuse.emit_cpp.widths import index_widths
+from polyfuse.tiling.gpu import lower_for_gpu
 from polyfuse.ir import ProgramBuilder, interpret
 from polyfuse.pipeline import build
 from polyfuse.runtime.compiler import CompileOptions, compile_host
@@ -107,7 +107,7 @@ def test_wide_host_kernels_compile_without_warnings(program):
 @pytest.mark.parametrize("program", [_split_softmax_sum, lambda: _scaled(BIG, 1024)], ids=["symbolic", "tiled"])
 def test_wide_cuda_kernels_compile_without_warnings(program):
     tiles = tiling.to_tiles(program())
-    assert index_widths(CudaEmitter(tiles, CUDA).program).loop == "int64_t"
+    assert index_widths(lower_for_gpu(tiles).program).loop == "int64_t"
     source = emit(tiles, CUDA)
     compile_gpu(source.text, f"widths_{source.entry}", "cuda", CUDA.arch, options=WERROR, compile_only=True)
 

@@ -137,9 +137,9 @@ def _reduce_loop_vars(block: Block) -> set[str]:
 
 SCOPES = ("global", "shared", "local", "texture")
 NAMES = st.sampled_from(["i", "j", "k", "j_0", "N", "M", "x", "a b"])  # loops, sizes, a tensor, no identifier
-PRIMITIVES = ("split", "reorder", "fuse", "tile", "bind", "annotate", "decompose_reduction", "rfactor", "compute_at",
-              "recompute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline", "cache_read",
-              "cache_write", "set_scope", "compact_buffers", "rolling_update", "split_k_update")
+PRIMITIVES = ("split", "reorder", "fuse", "tile", "bind", "annotate", "warps", "decompose_reduction", "rfactor",
+              "compute_at", "recompute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline",
+              "cache_read", "cache_write", "set_scope", "compact_buffers", "rolling_update", "split_k_update")
 FUSIONS = ("rolling_update", "split_k_update")
 REGROUPING = ("rfactor", *FUSIONS)
 
@@ -173,6 +173,9 @@ def draw_step(data: st.DataObject, sch: Schedule,
     if prim == "annotate":
         kind = data.draw(st.sampled_from(KINDS))
         return prim, lambda: sch.annotate(loop, kind)
+    if prim == "warps":
+        warps = data.draw(st.integers(0, 40))  # (outside 1..32: refused)
+        return prim, lambda: sch.warps(loop, warps)
     if prim == "decompose_reduction":
         return prim, lambda: sch.decompose_reduction(block, loop)
     if prim == "rfactor":

@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("show", help="print an operator at a stage", parents=[common])
     p.add_argument("op", help="operator name (see `polyfuse catalog`)")
     p.add_argument("--stage", choices=STAGE_NAMES, default="plain", help="default: plain")
+    p.add_argument("--target", choices=("cpp", "cuda", "hip"),
+                   help="for --stage tile (default cpp: the tile program; cuda/hip: as the GPU emitter lowers it) "
+                        "and --stage plan (default cuda)")
     p.set_defaults(run=commands.show)
 
     p = sub.add_parser("explain", help="schedule steps, repairs and broken dependences", parents=[common])

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 
 from polyfuse import ops
-from polyfuse.cli.stages import NotAvailable, Subject, check_backend, require_backend, require_stage
+from polyfuse.cli.stages import NotAvailable, Subject, check_backend, gpu_stage, require_backend, require_stage
+from polyfuse.errors import PolyfuseError
 
 EXIT_OK, EXIT_FAIL = 0, 1
 
@@ -25,6 +26,14 @@ def catalog(args: argparse.Namespace) -> int:
 
 
 def show(args: argparse.Namespace) -> int:
+    """An operator at a stage; ``tile`` and ``plan`` for ``--target`` (tile: the host's tile program by default,
+    the program the GPU emitter lowers for cuda or hip; plan: cuda by default, none for the host)."""
+    target = getattr(args, "target", None)
+    if args.stage in ("tile", "plan") and target is not None and (target != "cpp" or args.stage == "plan"):
+        if target == "cpp":
+            raise PolyfuseError("the cpp backend has no kernel plan; plans are made for GPU targets (cuda, hip)")
+        print(gpu_stage(subject_of(args), args.stage, target), end="")
+        return EXIT_OK
     render = require_stage(args.stage)
     print(render(subject_of(args)), end="")
     return EXIT_OK
@@ -97,7 +106,6 @@ def dump(args: argparse.Namespace) -> int:
     import importlib.util
     from pathlib import Path
 
-    from polyfuse.errors import PolyfuseError
     from polyfuse.pipeline import stages
 
     path, _, func = args.source.partition(":")
@@ -115,7 +123,9 @@ def dump(args: argparse.Namespace) -> int:
         print(f"# program\n{built.dump('program')}")
     if args.stage in (None, "tile"):
         print(f"# tile program\n{built.dump('tile')}")
-    if args.stage not in ("plain", "fused", "tile"):
+    if args.stage == "plan" or (args.stage is None and built.plan is not None):
+        print(f"# kernel plan\n{built.dump('plan')}")
+    if args.stage not in ("plain", "fused", "tile", "plan"):
         print(built.dump("source"), end="")
     return EXIT_OK
 

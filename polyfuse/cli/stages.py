@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from polyfuse import ops
+from polyfuse.device import DeviceSpec
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir import interpret
 from polyfuse.ir.stmt import Program
@@ -21,7 +22,7 @@ from polyfuse.ops.base import Arrays, Comparison, Operator, Sizes
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.transforms.schedule import Schedule
 
-STAGE_NAMES = ("plain", "fused", "tile", "cpp", "cuda", "hip")
+STAGE_NAMES = ("plain", "fused", "tile", "plan", "cpp", "cuda", "hip")
 BACKEND_NAMES = ("interp", "fused", "tile", "cpp", "cuda", "hip")
 
 
@@ -46,9 +47,10 @@ class Subject:
     def program(self) -> Program:
         return self.op.program(self.mode, **self.sizes)
 
-    def schedule(self, target: str = "cpp") -> Schedule:
-        """The operator's default fused schedule for ``target`` (NoRepairFound / IllegalTransform if it cannot fuse)."""
-        return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())), target)
+    def schedule(self, target: str = "cpp", device: DeviceSpec | None = None) -> Schedule:
+        """The operator's default fused schedule for ``target`` (NoRepairFound / IllegalTransform if it cannot fuse),
+        for ``device`` on a GPU target (default: the backend's preset)."""
+        return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())), target, device)
 
     def __str__(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -56,9 +58,10 @@ class Subject:
 
 
 @functools.lru_cache(maxsize=16)
-def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...], target: str = "cpp") -> Schedule:
+def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...], target: str = "cpp",
+               device: DeviceSpec | None = None) -> Schedule:
     op = ops.get(name)
-    return default_schedule(name, mode, op.program(mode, **dict(sizes)), target=target)
+    return default_schedule(name, mode, op.program(mode, **dict(sizes)), target=target, device=device)
 
 
 def _plain_source(subject: Subject) -> str:
@@ -86,6 +89,16 @@ def _tile_source(subject: Subject) -> str:
     from polyfuse.tiling.skip import skip_masked_tiles
 
     return f"# {subject}: the fused program as tiles\n{skip_masked_tiles(to_tiles(subject.schedule().program))}"
+
+
+def gpu_stage(subject: Subject, stage: str, backend: str) -> str:
+    """A GPU build's ``tile`` stage (the program cut into kernels, as the emitter lowers it) or ``plan`` stage
+    (the kernel plan), for ``backend``'s default device."""
+    from polyfuse.pipeline import stages
+
+    built = stages(subject.schedule(backend), backend)
+    what = "the program the GPU emitter lowers" if stage == "tile" else "the kernel plan"
+    return f"# {subject}: {what} ({backend}, {built.source.target.arch})\n{built.dump(stage)}"
 
 
 def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
@@ -122,11 +135,14 @@ def _run_gpu(backend: str) -> Callable[[Subject, Arrays], Arrays]:
     def run(subject: Subject, inputs: Arrays) -> Arrays:
         from polyfuse.pipeline import build
         from polyfuse.cli.devices import require_gpu
+        from polyfuse.runtime.loaders import loader
 
         require_gpu(backend)
+        # Scheduled for the device it runs on (its SMs and shared memory), which build() compiles for too.
+        device = loader(backend).device_spec()
         # Contracted multiply-adds (FMA) for speed, as the benchmarks run: the operators' tolerances cover them
         # (the error model in polyfuse.ops.softmax).
-        return build(subject.schedule(backend), backend, sizes=subject.sizes, fp_contract=True).run(inputs)
+        return build(subject.schedule(backend, device), backend, sizes=subject.sizes, fp_contract=True).run(inputs)
     return run
 
 
@@ -134,6 +150,7 @@ STAGES: dict[str, Callable[[Subject], str]] = {
     "plain": _plain_source,
     "fused": _fused_source,
     "tile": _tile_source,
+    "plan": lambda subject: gpu_stage(subject, "plan", "cuda"),
     "cpp": _cpp_source,
     "cuda": _gpu_source("cuda"),
     "hip": _gpu_source("hip"),

@@ -19,6 +19,7 @@ program (``self.widths``).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from polyfuse.emit_cpp.widths import index_widths, is_index
@@ -29,7 +30,7 @@ from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
 from polyfuse.ir.stmt import Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import (
     Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axes_of,
-    axis_sizes,
+    axis_sizes, tile_children,
 )
 
 LOW_PRECISION = {"f16": "f16", "bf16": "bf16", "fp8e4m3": "fp8"}
@@ -38,6 +39,13 @@ _INFIX = {"+": "+", "-": "-", "*": "*", "/": "/", "<": "<", "<=": "<=", ">": ">"
 _LOGICAL = ("<", "<=", ">", ">=", "==", "!=", "and", "or")
 _REDUCE_INIT = {"sum": "0", "prod": "1", "max": "-INFINITY", "min": "INFINITY", "or": "false"}
 _REDUCER_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min", "or": "or"}
+COMPUTE_TYPES = {"f16": "float", "bf16": "float", "fp8e4m3": "float", "f32": "float", "f64": "double",
+                 "i32": "int32_t", "i64": "int64_t", "bool": "bool"}
+"""The C type each dtype is computed in (16-bit and fp8 values in float, rounded after every operation)."""
+STORAGE_TYPES = {"f16": "uint16_t", "bf16": "uint16_t", "fp8e4m3": "uint8_t", "f32": "float", "f64": "double",
+                 "i32": "int32_t", "i64": "int64_t", "bool": "bool"}
+"""The C type each dtype is stored as (16-bit and fp8 values as their bits)."""
+SIZEOF = {"float": 4, "double": 8, "int32_t": 4, "int64_t": 8, "bool": 1, "int": 4, "uint16_t": 2, "uint8_t": 1}
 
 
 @dataclass
@@ -57,10 +65,8 @@ class _Materialized:
 class CFamilyEmitter:
     """Lowers one :class:`TileProgram`; subclasses set the table of differences below."""
 
-    compute_types = {"f16": "float", "bf16": "float", "fp8e4m3": "float", "f32": "float", "f64": "double",
-                     "i32": "int32_t", "i64": "int64_t", "bool": "bool"}
-    storage_types = {"f16": "uint16_t", "bf16": "uint16_t", "fp8e4m3": "uint8_t", "f32": "float", "f64": "double",
-                     "i32": "int32_t", "i64": "int64_t", "bool": "bool"}
+    compute_types = COMPUTE_TYPES
+    storage_types = STORAGE_TYPES
     math_functions = {"exp": "std::exp", "log": "std::log", "sqrt": "std::sqrt", "tanh": "std::tanh",
                       "floor": "std::floor", "ceil": "std::ceil", "exp2": "std::exp2", "log2": "std::log2",
                       "abs": "std::fabs", "pow": "std::pow"}
@@ -312,16 +318,8 @@ class CFamilyEmitter:
     # ------------------------------------------------------------ materialization
     def materialize_within(self, e: Expr) -> None:
         """Materialize, in post-order, the nodes of ``e`` that need loops of their own."""
-        if e in self.materialized:
-            return
-        from polyfuse.tiling.htile import tile_children
-
-        for c in tile_children(e):
-            self.materialize_within(c)
-        if isinstance(e, (Reduce, Dot)):
-            self.materialize(e)
-        elif isinstance(e, Broadcast) and self.worth_hoisting(e.tile) and len(axes_of(e.tile)) < len(e.axes):
-            self.materialize(e.tile)
+        for x in materializations(e, self.materialized, self.worth_hoisting):
+            self.materialize(x)
 
     def worth_hoisting(self, e: Expr) -> bool:
         """Whether to compute a broadcast's operand ``e`` once per element of its own axes."""
@@ -389,6 +387,13 @@ class CFamilyEmitter:
         self.close_n(n)
 
 
+def reduce_lanes(threads: int, outputs: int, length: int | None = None) -> int:
+    """Lanes per output when a block of ``threads`` shares ``outputs`` reductions: as many as the threads
+    allow, a power of two, and (given the ``length`` reduced) no more than the elements rounded up to one."""
+    lanes = 1 << (max(1, threads // outputs).bit_length() - 1)
+    return lanes if length is None else min(lanes, 1 << max(0, (length - 1).bit_length()))
+
+
 def axis_var(axis: str) -> str:
     return f"x_{axis}"
 
@@ -415,10 +420,32 @@ def worth_hoisting(e: Expr) -> bool:
     return isinstance(e, (BinOp, Call, Select, Cast))
 
 
-def walk_unmaterialized(e: Expr, done: dict):
-    """Pre-order nodes of ``e`` that are evaluated element by element (not inside materialized ones)."""
-    from polyfuse.tiling.htile import tile_children
+def materializations(e: Expr, done, hoist: Callable[[Expr], bool]) -> list[Expr]:
+    """The nodes of ``e`` that get arrays of their own, in the post-order they are filled: every ``Reduce``
+    and ``Dot``, and the operand of a ``Broadcast`` that ``hoist`` says is worth computing once per element
+    of its own axes.  ``done`` holds the nodes already materialized (not visited again); a broadcast met
+    twice materializes its operand twice, as its statement evaluates it twice."""
+    seen = set(done)
+    out: list[Expr] = []
 
+    def visit(x: Expr) -> None:
+        if x in seen:
+            return
+        for c in tile_children(x):
+            visit(c)
+        if isinstance(x, (Reduce, Dot)):
+            out.append(x)
+            seen.add(x)
+        elif isinstance(x, Broadcast) and hoist(x.tile) and len(axes_of(x.tile)) < len(x.axes):
+            out.append(x.tile)
+            seen.add(x.tile)
+
+    visit(e)
+    return out
+
+
+def walk_unmaterialized(e: Expr, done):
+    """Pre-order nodes of ``e`` that are evaluated element by element (not inside materialized ones)."""
     if e in done:
         return
     yield e

@@ -1,6 +1,8 @@
 """The CUDA backend: one ``__global__`` kernel per grid nest, thread blocks cooperating on tiles.
 
-:mod:`polyfuse.emit_cpp.grid` splits the tile program into kernels.  In a **CTA kernel** each
+:mod:`polyfuse.tiling.gpu` has cut the tile program into kernels and :mod:`polyfuse.emit_cpp.plan` has
+decided how each runs (threads, layouts, dot instructions, shared memory); this module prints the plan.  In a
+**CTA kernel** each
 thread block runs one iteration of the collapsed grid loops; its temporaries live in shared
 memory (one dynamic buffer, static offsets) and every tile statement is shared by the block's
 threads:
@@ -10,8 +12,8 @@ threads:
 * ``Reduce`` runs in-thread over a strided slice, then with warp shuffles (``shfl_xor``) across
   the lanes that share an output, then through shared memory across warps when one output needs
   more than a warp;
-* ``Dot`` with f16 or bf16 operands runs on tensor cores (:mod:`polyfuse.emit_cpp.mma`);
-  other dots stage their operands in shared memory and multiply in f32/f64;
+* ``Dot`` runs as its :class:`~polyfuse.emit_cpp.dotplan.DotPlan` says (:mod:`polyfuse.emit_cpp.mma`):
+  f16/bf16 operands on tensor cores, other dots with FMAs in f32/f64;
 * nodes that need loops of their own are materialized in shared memory in post-order, with a
   barrier after each step and after each statement.
 
@@ -21,120 +23,84 @@ computes what that element needs — reductions and dots included — in registe
 Precision: as the host backend, f16/bf16/fp8 values are computed in float and rounded after
 every operation.  Tensor cores multiply 16-bit operands exactly and accumulate in f32; an f32
 operand of such a dot (attention's P) is split into two 16-bit parts (:mod:`~polyfuse.emit_cpp.mma`),
-so that it keeps the accuracy of the f32 program.
+so that it keeps the accuracy of the f32 program.  ``exp`` of f32 values is ``__expf`` where every output is a
+16-bit float (the options' ``fast_exp``: its error stays below such an output's rounding, the
+``2·Skv·2^-24`` term of :func:`polyfuse.ops.attention.tolerance`); HIP keeps the accurate one.
 """
 
 from __future__ import annotations
 
 import math
 
-from polyfuse.emit_cpp.cfamily import (
-    _REDUCE_INIT, _REDUCER_OP, CFamilyEmitter, _Materialized, axis_sizes, axis_var, static_numel,
-)
-from polyfuse.emit_cpp.grid import CTA, MAP, GridNest, partition
-from polyfuse.emit_cpp.parallel import unit_loop
 from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
-from polyfuse.emit_cpp.stream import StreamLoop, after_statement, close_streams, open_streams
-from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of, entry_name
-from polyfuse.errors import UnsupportedPattern
+from polyfuse.emit_cpp.cfamily import (
+    _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, axis_sizes, axis_var, reduce_lanes,
+)
+from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
+from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
+from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of
+from polyfuse.emit_cpp.vector import VECTOR_BYTES, VectorLanes, chunks
+from polyfuse.errors import InternalError, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.expr import BinOp, Const, Expr
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
-from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks, per_element_loads
-from polyfuse.tiling.inline import inline_products
-from polyfuse.tiling.simplify import simplify_tiles
-from polyfuse.tiling.skip import skip_masked_tiles
-from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, depends_on
+from polyfuse.tiling.gpu import GpuProgram
+from polyfuse.tiling.grid import MAP
+from polyfuse.tiling.htile import (
+    Dot, Reduce, Slice, TileLoad, TileStore, axes_of, walk_tile_expr,
+)
 
-DEFAULT_WARPS = 8
-MAP_THREADS = 256
-UNROLL_REDUCE = 16
-"""A reduction whose outputs get one thread each, over at most this many steps, is unrolled (its loads
-issued together).  Measured on the H200: MLA decode, whose combine reads 32 split partials per output
-from 8 blocks, 0.428 → 0.385 ms; unrolling the block-wide reductions of the row kernels as well made
-layernorm_stats slower (0.088 → 0.099 ms), so those are left alone."""
-MIN_BLOCKS: int | None = 3
-"""A block kernel whose shared memory lets at most this many blocks reside on an SM (and more than one) asks
-the compiler (``__launch_bounds__``) for registers that let all of them reside; None asks nothing.  Why: with
-register accumulators attn_softcap prefill went from 64 to 93 registers per thread (ptxas -v), so from 4 to 2
-resident blocks, and from 3.29 to 3.76 ms on the H200.  Measured on the H200 (ms, none / asking for 3 whatever
-the shared memory allows): softcap prefill 3.74 / 2.97, GQA 4.89 / 4.85, causal 2.55 / 2.54; but global
-prefill (42 KB, room for 5 blocks) 1.42 / 1.69 and norm_inside 1.99 / 2.13, where asking for 3 let the
-compiler use more registers than the kernel had, hence the rule on shared memory."""
-ELEMENT_UNROLL = 4
-"""Unroll factor of the loops over the elements a thread handles (tile copies, element-wise statements).
-Measured on the H200 (attn_global decode B=32, register-staged copies, ms): 2 1.39, 4 1.27, 8 1.68."""
-SM_SHARED = 228 * 1024
-"""Shared memory of one SM (H100/H200); each resident block also reserves 1 KB."""
-SHARED_LIMIT = 227 * 1024
-"""Dynamic shared memory one block may opt into on sm_90 (H100/H200)."""
-FAST_EXP = True
-"""f32 ``exp`` as ``__expf`` (``ex2.approx`` of ``x·log2 e``) in CUDA programs whose outputs are all 16-bit
-floats.  Its error, at most ``2 + 1.173·|x|`` ulp (CUDA Math API), stays below an f16 output's rounding:
-for attention that is the ``2·Skv·2^-24`` term of :func:`polyfuse.ops.attention.tolerance`.  Outputs in f32
-keep ``exp`` (2 ulp), which their tolerances assume; so does HIP, whose ``__expf`` has no such bound.
-Measured on the H200 (ms, exp / __expf, one run): MLA decode B=32 0.380 / 0.372, B=1 0.111 / 0.108,
-causal prefill 1.71 / 1.61; global and norm_inside decode B=32 unchanged (1.04 / 1.04, 1.03 / 1.03)."""
-_CHEAP_CALLS = ("neg", "not", "abs")
-_SIZEOF = {"float": 4, "double": 8, "int32_t": 4, "int64_t": 8, "bool": 1, "int": 4, "uint16_t": 2, "uint8_t": 1}
+_SIZEOF = SIZEOF
 
 
-class CudaEmitter(CFamilyEmitter):
+class CudaEmitter(VectorLanes, CFamilyEmitter):
     """CUDA C++ for nvcc; subclassed by the HIP emitter."""
 
     header = "polyfuse_gpu.h"
     math_functions = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "floor",
                       "ceil": "ceil", "exp2": "exp2", "log2": "log2", "abs": "fabs", "pow": "pow"}
-    tensor_cores = True
     fast_exp_function: str | None = "__expf"
-    """The approximate f32 exp of ``FAST_EXP``; None: always the accurate one."""
-    stream_stages: int | None = None
-    """Buffers per streamed tile of a rolling loop (:mod:`~polyfuse.emit_cpp.stream`; None: ``STREAM_STAGES``);
-    0 streams none: every dot stages its operands with 128-bit loads and stores."""
+    """The approximate f32 exp of the options' ``fast_exp``; None: always the accurate one."""
 
-    def __init__(self, program: TileProgram, target: Target):
-        partitioned, self.nests = partition(inline_products(skip_masked_tiles(simplify_tiles(program))))
-        super().__init__(partitioned)
+    def __init__(self, gpu: GpuProgram, target: Target, plan: ProgramPlan):
+        super().__init__(gpu.program)
+        self.gpu = gpu
         self.target = target
+        self.options = target.options
+        self.plan = plan
         self.warp = target.warp_size
-        self.tensors = {t.name: t for t in partitioned.tensors}
-        self.shared_names = {n for nest in self.nests for n in nest.shared}
+        self.tensors = {t.name: t for t in gpu.program.tensors}
+        self.shared_names = {n for nest in gpu.nests for n in nest.shared}
+        self.sizes: dict[str, int] = {}
         self.inline = False
         self.lane: int | None = None
         self.lane_arrays: dict[TileLoad, str] = {}
         self.memo: list[dict] = [{}]
-        self.threads = DEFAULT_WARPS * self.warp
+        self.threads = 0
         self.scratch = 0
         self.peak = 0
-        self.pitches: dict[str, int] = {}
-        """Row pitch (elements) of the shared temporaries whose rows are padded."""
+        self.kernel_plan: KernelPlan | None = None
+        """The plan of the kernel being printed."""
+        self.stmt_plan: StmtPlan | None = None
+        """The plan of the statement being printed."""
+        self.pitches: dict[str, tuple[int, int]] = {}
+        """(dimension, row pitch in elements) of the shared temporaries whose rows are padded."""
         self.overrides: dict[Expr, str] = {}
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
-        self.streaming: StreamLoop | None = None
-        """The loop whose operand tiles stream through cp.async (:mod:`~polyfuse.emit_cpp.stream`)."""
         self.block = ""
         """The block of the statement being emitted."""
-        self.stages: int | None = 0
-        """Stream buffers per varying operand of the kernel being emitted (None: no streams; see ``nest_kernel``)."""
-        self.unit_vars: dict[str, Var] = {}
-        """Grid loops of one iteration of the kernel being emitted, by name (their variables are 0)."""
-        self.accumulators: dict[str, registers.Accumulator] = {}
-        """Statements of the loop being emitted whose accumulators live in registers, by block."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
-        self.per_row: tuple[Expr, set, tuple[str, ...]] | None = None
-        """While a dot's epilogue is planned: the dot, the accumulator's loads and the dot's column axes."""
-        self.presplit: dict[str, tuple] = {}
-        """f32 input tensors split into bf16 hi + lo scratch arrays before the kernels
-        (:mod:`~polyfuse.emit_cpp.presplit`)."""
-        self.fast_exp = FAST_EXP and self.fast_exp_function is not None and bool(program.outputs) and all(
-            t.dtype.is_float and t.dtype.bits == 16 for t in program.outputs)
-        """f32 ``exp`` is ``fast_exp_function`` (see ``FAST_EXP``)."""
+        self.presplit = plan.presplit
+        self.fast_exp = self.options.fast_exp and self.fast_exp_function is not None and bool(
+            gpu.program.outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in gpu.program.outputs)
+        """f32 ``exp`` is ``fast_exp_function`` (see the options' ``fast_exp``)."""
 
     # ------------------------------------------------------------ table of differences
-    def kernel_qualifiers(self, threads: int) -> str:
-        return f'extern "C" __global__ void __launch_bounds__({threads})'
+    def kernel_qualifiers(self, threads: int, min_blocks: int | None = None) -> str:
+        bounds = f"{threads}, {min_blocks}" if min_blocks else f"{threads}"
+        return f'extern "C" __global__ void __launch_bounds__({bounds})'
 
     def call(self, fn: str, x: str, d: DType) -> str:
         if fn == "abs" and not d.is_float:
@@ -152,26 +118,10 @@ class CudaEmitter(CFamilyEmitter):
         super().close()
         self.memo.pop()
 
-    def worth_hoisting(self, e: Expr) -> bool:
-        """Only costly operands: hoisting costs a pass through shared memory and a barrier.
-
-        A math function or a division is computed once per element of its own axes; index
-        arithmetic, comparisons and selects are cheaper to recompute than to share, and so is integer
-        arithmetic of loop variables alone (a loop bound ``i_0 // 2 + 1``), the same for every element.
-        """
-        from polyfuse.tiling.htile import axes_of, walk_tile_expr
-
-        if self.per_row is not None and _per_row(e, *self.per_row):
-            return False  # a dot's epilogue computes it once per fragment row (_row_values)
-        return super().worth_hoisting(e) and any(
-            (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
-            or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow") and (n.dtype.is_float or axes_of(n)))
-            for n in walk_tile_expr(e))
-
     def element_loop(self, header: str) -> None:
-        """A loop over the elements a thread handles; unrolled (``ELEMENT_UNROLL``) so their loads are in flight
-        together."""
-        self.line(f"#pragma unroll {ELEMENT_UNROLL}")
+        """A loop over the elements a thread handles; unrolled (the options' ``element_unroll``) so their loads
+        are in flight together."""
+        self.line(f"#pragma unroll {self.options.element_unroll}")
         self.open(header)
 
     def barrier(self) -> None:
@@ -181,46 +131,44 @@ class CudaEmitter(CFamilyEmitter):
         self.line("pf::syncwarp();")
 
     def stmt(self, s: Stmt) -> None:
-        """A sequence's runs of row statements are emitted as row groups (:mod:`~polyfuse.emit_cpp.rows`)."""
+        """A sequence's runs of row statements are emitted as the plan's row groups (:mod:`~polyfuse.emit_cpp.rows`)."""
         if not isinstance(s, Seq):
             super().stmt(s)
             return
-        for part in rows.split(self, rows.reorder(self, list(s.stmts))):
-            if isinstance(part, list):
+        assert self.kernel_plan is not None
+        for part in self.kernel_plan.seqs[id(s)]:
+            if isinstance(part, rows.RowGroup):
                 rows.emit(self, part)
             else:
                 self.stmt(part)
 
     def loop(self, s: Loop) -> None:
-        """A loop of a block: its rolling accumulators stay in registers (:mod:`~polyfuse.emit_cpp.registers`)
-        and the tiles its dots read from inputs may stream in ahead of use (:mod:`~polyfuse.emit_cpp.stream`)."""
-        accumulators = registers.plan(self, s) if self.tensor_cores else {}
-        for acc in accumulators.values():
+        """A loop of a block, with what its plan keeps across iterations: rolling accumulators in registers
+        (:mod:`~polyfuse.emit_cpp.registers`), small temporaries in shared memory
+        (:mod:`~polyfuse.emit_cpp.resident`), operand tiles (:mod:`~polyfuse.emit_cpp.stream`)."""
+        assert self.kernel_plan is not None
+        lp: LoopPlan = self.kernel_plan.loops[id(s)]
+        for acc in lp.accumulators.values():
             registers.load(self, acc)
-        outer, self.accumulators = self.accumulators, accumulators
         kept_at = self.scratch
-        kept = resident.plan(self, s, {acc.store.tensor.name for acc in accumulators.values()})
-        resident.load(self, kept)
-        outer_kept, added = dict(self.resident), {r.tensor for r in kept} - self.shared_names
-        self.resident.update((r.tensor, r) for r in kept)
+        resident.load(self, list(lp.resident))
+        outer_kept, added = dict(self.resident), {r.tensor for r in lp.resident} - self.shared_names
+        self.resident.update((r.tensor, r) for r in lp.resident)
         self.shared_names |= added  # no vector paths of global memory for them
-        state = open_streams(self, s, self.stages) if self.tensor_cores and self.streaming is None else None
+        for tile in lp.streams.kept if lp.streams is not None else ():
+            self.shared_array("uint16_t", tile.buffer, tile.nbytes)
         mark = self.scratch
-        self.streaming = state
         super().loop(s)
-        self.streaming = None
-        if state is not None:
-            close_streams(self, state)
+        if lp.streams is not None:
+            stream.drain(self)
         self.scratch = mark
         self.resident = outer_kept
         self.shared_names -= added
-        resident.store(self, kept)
+        resident.store(self, list(lp.resident))
         self.scratch = kept_at
-        self.accumulators = outer
-        used = [acc for acc in accumulators.values() if acc.used]
-        for acc in used:
-            registers.store(self, acc)
-        if used:
+        for block in lp.stored:
+            registers.store(self, lp.accumulators[block])
+        if lp.stored:
             self.barrier()
 
     def access(self, tensor, index, env: dict[str, str]) -> str:
@@ -265,57 +213,6 @@ class CudaEmitter(CFamilyEmitter):
             self.line(f"[[maybe_unused]] const {t} {axis_var(a)} = static_cast<{t}>({text});")
             stride *= size
         return {a: axis_var(a) for a in axes}
-
-    # ------------------------------------------------------------ vector lanes
-    def lane_plan(self, exprs: list[Expr], axis: str) -> tuple[int, list[TileLoad]]:
-        """Lanes per thread along ``axis`` and the loads read as vectors (see :mod:`~polyfuse.emit_cpp.vector`)."""
-        loads: list[TileLoad] = []
-        for e in exprs:
-            for x in per_element_loads(e, self.materialized):
-                if x not in loads and x.tensor.name not in self.shared_names and not x.tensor.dtype.is_bool:
-                    loads.append(x)
-        extent = self.sizes[axis]
-        for vec in (8, 4, 2):
-            if extent % vec:
-                continue
-            chosen = [x for x in loads if _SIZEOF[self.stype(x.tensor.dtype)] * vec <= VECTOR_BYTES
-                      and aligned(x.index, x.tensor.shape, axis, vec)
-                      and (x.mask is None or not depends_on(x.mask, axis))]
-            if chosen:
-                return vec, chosen
-        return 1, []
-
-    def vector_store(self, s: TileStore, axis: str, vec: int) -> bool:
-        t = s.tensor
-        return (vec > 1 and s.reducer is None and t.name not in self.shared_names and not t.dtype.is_bool
-                and aligned(s.index, t.shape, axis, vec) and (s.mask is None or not depends_on(s.mask, axis)))
-
-    def load_lanes(self, loads: list[TileLoad], env: dict[str, str], vec: int) -> None:
-        """Read each load's ``vec`` lanes at ``env`` (lane 0) into a register array."""
-        self.lane_arrays = {}
-        for x in loads:
-            st = self.stype(x.tensor.dtype)
-            arr = self.fresh("v")
-            ctype, n = chunks(_SIZEOF[st], vec)
-            self.line(f"alignas(16) {st} {arr}[{vec}];")
-            src = self.access(x.tensor, x.index, env)
-            copy = " ".join(f"reinterpret_cast<{ctype}*>({arr})[{c}] = reinterpret_cast<const {ctype}*>(&{src})[{c}];"
-                            for c in range(n))
-            if x.mask is None:
-                self.line(copy)
-            else:
-                other = self.to_storage(self.literal(x.other.value if x.other is not None else 0, x.tensor.dtype),
-                                        x.tensor.dtype)
-                self.line(f"if ({self.scalar(x.mask, env)}) {{ {copy} }} else {{ "
-                          f"for (int pf_l = 0; pf_l < {vec}; ++pf_l) {arr}[pf_l] = {other}; }}")
-            self.lane_arrays[x] = arr
-
-    def lanes(self, env: dict[str, str], axis: str, vec: int):
-        """``(lane, env of that lane)`` for each of ``vec`` consecutive elements from ``env``."""
-        for v in range(vec):
-            self.lane = v
-            yield v, {**env, axis: f"({env[axis]} + {v})"}
-        self.lane = None
 
     def store_elements(self, s: TileStore, axes: tuple[str, ...], flat: str, step: str, total: int) -> None:
         """The loop storing ``total`` elements of ``s``: ``flat`` is the first, ``step`` the stride."""
@@ -395,30 +292,25 @@ class CudaEmitter(CFamilyEmitter):
         return self.reduce_result(e, acc)
 
     def inline_dot(self, e: Dot, env: dict[str, str]) -> str:
-        from polyfuse.emit_cpp.mma import serial_dot
-
         return serial_dot(self, e, env, self.fresh("dot"))
 
     # ------------------------------------------------------------ CTA statements
     def store(self, s: TileStore) -> None:
+        assert self.kernel_plan is not None
+        plan = self.kernel_plan.stmts[id(s)]
         self.sizes = axis_sizes(s)
         self.materialized = {}
+        self.stmt_plan = plan
         mark = self.scratch
         self.block = s.block
         self.line(f"// {s.block}")
         self.open("")
         axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
-        if self.dot_in_place(s, axes):
-            self.close()
-            self.barrier()
-            after_statement(self)
-            self.scratch = mark
-            return
-        for e in [s.value] + ([s.mask] if s.mask is not None else []):
-            self.materialize_within(e)
-        if self.reads_other_elements(s):
-            self.materialize(s.value)
-        if axes:
+        for e in plan.materialize:
+            self.materialize(e)
+        if plan.in_place:
+            self.dot_in_place(s, plan)
+        elif axes:
             total = math.prod(self.sizes[a] for a in axes)
             self.store_elements(s, axes, f"{self.widths.tile} pf_e = pf_tid", str(self.threads), total)
         else:
@@ -427,50 +319,27 @@ class CudaEmitter(CFamilyEmitter):
             self.close()
         self.close()
         self.barrier()
-        after_statement(self)
         self.scratch = mark
         self.materialized = {}
+        self.stmt_plan = None
 
-    def dot_in_place(self, s: TileStore, axes: tuple[str, ...]) -> bool:
+    def dot_in_place(self, s: TileStore, plan: StmtPlan) -> None:
         """A statement computed in the epilogue of its tensor-core dot, written in place.
 
-        Applies when the value holds one dot over exactly the statement's axes, under elementwise
-        operations only (a select against masked rows, a scale): each thread evaluates the value
-        for the result elements it holds in registers and stores it, so neither the dot's result
-        array nor a second pass over it exists.  The store's own reads happen in the thread that
-        writes the element, after the operands are staged, so this is safe unless the value reads
-        the temporary at other elements.
+        The value holds one dot over exactly the statement's axes, under elementwise operations only (a
+        select against masked rows, a scale): each thread evaluates the value for the result elements it
+        holds in registers and stores it, so neither the dot's result array nor a second pass over it
+        exists.  The store's own reads happen in the thread that writes the element, after the operands are
+        staged, so this is safe unless the value reads the temporary at other elements (the plan checked).
+        In registers (its loop's accumulator) the element is the thread's register.
         """
-        from polyfuse.emit_cpp.mma import emit_dot_into, mma_type, staging
-        from polyfuse.tiling.htile import walk_tile_expr
-
-        dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
-        acc = self.accumulators.get(s.block)
-        in_registers = acc is not None and acc.store == s
-        shared = s.tensor.name in self.shared_names
-        if (len(dots) != 1 or s.mask is not None or s.reducer is not None
-                or not (shared or in_registers) or set(axes) != set(axes_of(dots[0]))
-                or mma_type(self, dots[0]) is None or not _elementwise_path(s.value, dots[0])):
-            return False
-        e = dots[0]
+        assert plan.dot is not None and self.kernel_plan is not None
+        e = next(n for n in walk_tile_expr(s.value) if isinstance(n, Dot))
         own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
-        n_axes = staging(self, e)[1].rows_axes
-        self.materialized[e] = _Materialized("", ())  # a placeholder: the dot is not materialized
-        self.per_row = (e, own, n_axes)
-        try:
-            if self.reads_other_elements(s) or any(
-                    isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
-                    for n in walk_tile_expr(e.acc)):
-                return False
-            self.materialize_within(s.value)
-        finally:
-            del self.materialized[e]
-            self.per_row = None
-        if in_registers and any(n in own for m in self.materialized for n in walk_tile_expr(m)):
-            in_registers = False  # a hoisted operand reads the accumulator: it must stay in memory
-            if not shared:
-                return False
-        target = f"{acc.name}[pf_nb][pf_q]" if in_registers else None
+        target = None
+        if plan.in_registers:
+            loop = next(lp for lp in self.kernel_plan.loops.values() if s.block in lp.accumulators)
+            target = f"{loop.accumulators[s.block].name}[pf_nb][pf_q]"
 
         def write(env: dict[str, str], value: str) -> None:
             self.line(f"const {self.ctype(e.dtype)} pf_d = {value};")
@@ -485,22 +354,17 @@ class CudaEmitter(CFamilyEmitter):
             else:
                 self.line(f"{self.access(s.tensor, s.index, env)} = {self.to_storage(result, s.tensor.dtype)};")
 
-        hoisted = _row_values(s.value, e, own, n_axes)
-
-        def rows(env: dict[str, str]) -> None:
-            for x in hoisted:
+        def per_row(env: dict[str, str]) -> None:
+            for x in plan.row_values:
                 name = self.fresh("row")
                 self.line(f"const {self.ctype(x.dtype)} {name} = {self.scalar(x, env)};")
                 self.overrides[x] = name
 
         try:
-            emit_dot_into(self, e, write, rows, split_k=not in_registers)
+            emit_dot_into(self, plan.dot, e, write, per_row)
         finally:
-            for x in hoisted:
+            for x in plan.row_values:
                 self.overrides.pop(x, None)
-        if in_registers:
-            acc.used = True
-        return True
 
     def materialize(self, e: Expr) -> None:
         axes = axes_of(e)
@@ -509,12 +373,12 @@ class CudaEmitter(CFamilyEmitter):
         ct = self.ctype(e.dtype)  # an "or" reduction is stored as bool (its accumulator is an int)
         pitch = None
         if isinstance(e, Dot):
-            from polyfuse.emit_cpp.mma import dot_pitch, emit_dot
-
-            pitch = dot_pitch(self, e, axes)
-            rows = size // self.sizes[axes[-1]] if pitch else 1
-            self.shared_array(ct, name, (rows * pitch if pitch else size) * _SIZEOF[ct])
-            emit_dot(self, e, name, axes, pitch)
+            assert self.stmt_plan is not None
+            dot = self.stmt_plan.dots[e]
+            pitch = dot.pitch
+            rows_ = size // self.sizes[axes[-1]] if pitch else 1
+            self.shared_array(ct, name, (rows_ * pitch if pitch else size) * _SIZEOF[ct])
+            emit_dot(self, dot, e, name, axes)
         else:
             self.shared_array(ct, name, size * _SIZEOF[ct])
         if isinstance(e, Reduce):
@@ -542,7 +406,7 @@ class CudaEmitter(CFamilyEmitter):
         """``acc ⊕= e.tile[r]`` for ``r = first, first + step, …`` (``vec`` neighbours per step where loads allow)."""
         r, length = axis_var(e.axis), self.sizes[e.axis]
         vec, loads = self.lane_plan([e.tile], e.axis)
-        if first == "0" and -(-length // vec) <= UNROLL_REDUCE:
+        if first == "0" and -(-length // vec) <= self.options.unroll_reduce:
             # One thread per output and a short slice (a combine over splits): unrolled, so that all its
             # loads are in flight at once.
             self.line("#pragma unroll")
@@ -561,10 +425,7 @@ class CudaEmitter(CFamilyEmitter):
         self.close()
 
     def reduce_lanes(self, outputs: int, length: int | None = None) -> int:
-        """Lanes per output when the block shares ``outputs`` reductions: as many as the threads allow, a
-        power of two, and (given the ``length`` reduced) no more than the elements rounded up to one."""
-        lanes = _pow2_floor(max(1, self.threads // outputs))
-        return lanes if length is None else min(lanes, _pow2_ceil(length))
+        return reduce_lanes(self.threads, outputs, length)
 
     def block_reduce(self, e: Reduce, name: str, axes: tuple[str, ...]) -> None:
         """``name[o] = op_r e.tile[o, r]`` for every output ``o``, by the whole block."""
@@ -608,34 +469,18 @@ class CudaEmitter(CFamilyEmitter):
         self.close()
 
     # ------------------------------------------------------------ kernels
-    def nest_kernel(self, nest: GridNest, name: str) -> Launch:
-        """One kernel; where its streamed tiles (:mod:`~polyfuse.emit_cpp.stream`) would take more shared
-        memory than ``STREAM_SHARED_BUDGET``, it is emitted again with one buffer per tile, then
-        without streaming."""
-        at, depth = len(self.lines), self.depth
-        most = stream.STREAM_STAGES if self.stream_stages is None else self.stream_stages
-        attempts: list[int | None] = [*range(most, -1, -1), None]
-        for stages in attempts:
-            self.stages = stages
-            launch = self.nest_kernel_once(nest, name)
-            if stages is None or self.peak <= min(stream.STREAM_SHARED_BUDGET, SHARED_LIMIT):
-                break
-            del self.lines[at:]
-            self.depth = depth
-        if self.peak > SHARED_LIMIT:
-            raise UnsupportedPattern(f"kernel {name} needs {self.peak} bytes of shared memory (tiles and their "
-                                     f"temporaries); a block may use {SHARED_LIMIT}. Use smaller tiles in the schedule")
-        return launch
-
-    def nest_kernel_once(self, nest: GridNest, name: str) -> Launch:
+    def nest_kernel(self, plan: KernelPlan) -> Launch:
+        """One kernel, as ``plan`` says."""
+        nest, name = plan.nest, plan.name
+        self.kernel_plan = plan
         self.scratch, self.peak = 0, 0
-        warps = _warps(nest.chain)
-        self.threads = warps * self.warp if nest.kind == CTA else MAP_THREADS
-        header_at = len(self.lines)
-        self.line(f"{self.kernel_qualifiers(self.threads)} {name}({self.parameters()})")
+        self.threads = plan.threads
+        comment = f"  // {plan.peak} bytes of shared memory, {plan.threads} threads" if nest.kind != MAP else ""
+        self.line(f"{self.kernel_qualifiers(plan.threads, plan.min_blocks)} {name}({self.parameters()}){comment}")
         self.line("{")
         self.depth += 1
         if nest.kind == MAP:
+            assert isinstance(nest.body, TileStore)
             blocks = self.map_body(nest.body)
             self.depth -= 1
             self.line("}")
@@ -645,8 +490,6 @@ class CudaEmitter(CFamilyEmitter):
         self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)
-        # Grid loops of one iteration: their variables are 0 (stream.py compares tile offsets with that).
-        self.unit_vars = {lp.var.name: lp.var for lp in nest.chain if unit_loop(lp)}
         if nest.chain:
             self.line("int64_t pf_bid = blockIdx.x;")
             for lp in reversed(nest.chain):
@@ -656,21 +499,11 @@ class CudaEmitter(CFamilyEmitter):
                 self.line(f"pf_bid /= {ext};")
             for lp in nest.chain:
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)
-        for t in nest.shared:
-            tensor = self.tensors[t]
-            size = static_numel(tensor)
-            if size is None:
-                raise UnsupportedPattern(f"temporary {t!r} lives in shared memory per block but its shape "
-                                         f"{list(map(str, tensor.shape))} is not static; give it a constant shape")
-            dims = [int(d.value) for d in tensor.shape]
-            inner = max((d for d, n in enumerate(dims) if n > 1), default=0)
-            if inner > 0 and dims[inner] % 32 == 0 and size > dims[inner]:
-                # Rows 8 words apart in the banks: the row reductions and the tensor-core epilogues
-                # that touch several rows at once hit different banks.  (Trailing axes of size 1
-                # are indexed by 0, so the last axis longer than 1 gets the padding.)
-                self.pitches[t] = (inner, dims[inner] + 8)
-                size = size // dims[inner] * (dims[inner] + 8)
-            self.shared_array(self.stype(tensor.dtype), t, size * _SIZEOF[self.stype(tensor.dtype)])
+        for t in plan.shared:
+            if t.pitch is not None:
+                assert t.padded is not None
+                self.pitches[t.name] = (t.padded, t.pitch)
+            self.shared_array(t.ctype, t.name, t.nbytes)
         words = self.scratch // 4
         if words:
             self.line(f"for (int pf_z = pf_tid; pf_z < {words}; pf_z += {self.threads}) "
@@ -680,13 +513,10 @@ class CudaEmitter(CFamilyEmitter):
         self.depth -= 1
         self.line("}")
         self.line("")
-        resident = SM_SHARED // (self.peak + 1024)
-        if MIN_BLOCKS and 1 < resident <= MIN_BLOCKS:
-            # Ask the compiler for registers that let as many blocks reside as shared memory does: the
-            # statements' barriers are hidden by the other resident blocks.
-            self.lines[header_at] = self.lines[header_at].replace(
-                f"__launch_bounds__({self.threads})", f"__launch_bounds__({self.threads}, {resident})")
-        self.lines[header_at] += f"  // {self.peak} bytes of shared memory, {self.threads} threads"
+        if self.peak != plan.peak:
+            raise InternalError(f"kernel {name}: the plan gives {plan.peak} bytes of shared memory, the printed "
+                                f"kernel takes {self.peak}; the planner and the printer disagree")
+        self.kernel_plan = None
         return Launch(name, blocks, self.threads, self.peak)
 
     def map_body(self, s: TileStore) -> Expr:
@@ -721,90 +551,19 @@ class CudaEmitter(CFamilyEmitter):
 
     def kernel(self, entry: str) -> KernelSource:
         p = self.program
-        self.presplit = presplit.plan(self, self.nests)
         self.line(f'#include "{self.header}"')
         self.line("")
         self.line(f"// {p.name}: generated by polyfuse for {self.target.backend} ({self.target.arch}); "
-                  f"{len(self.presplit) + len(self.nests)} kernel(s), launched in order")
+                  f"{len(self.presplit) + len(self.gpu.nests)} kernel(s), launched in order")
+        self.line(f"// device: {self.plan.device.describe()}")
+        self.line(f"// options: {self.options.describe()}")
         launches = presplit.emit_kernels(self, entry)
-        launches += tuple(self.nest_kernel(nest, f"{entry}_k{k}") for k, nest in enumerate(self.nests))
+        launches += tuple(self.nest_kernel(k) for k in self.plan.kernels)
         args = self.arguments()
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
 
 
-def _row_values(value: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> list[Expr]:
-    """The largest parts of a dot epilogue's ``value`` that are the same along the dot's columns
-    (``n_axes``): the repair factors and statistics of a rolling update, read once per row of the
-    thread's fragment instead of once per element.  Not the dot, the accumulator's own elements,
-    reductions, or integer division (whose divisor a select may guard)."""
-    from polyfuse.tiling.htile import tile_children, walk_tile_expr
-
-    def fixed(x: Expr) -> bool:
-        return _per_row(x, dot, own, n_axes)
-
-    found: list[Expr] = []
-
-    def visit(x: Expr) -> None:
-        if isinstance(x, (Var, Const, Reduce)) or x == dot or x in own or x in found:
-            return
-        if fixed(x):
-            if any(isinstance(n, (TileLoad, Var)) for n in walk_tile_expr(x)):
-                found.append(x)  # (a constant stays in the text: the compiler folds it)
-            return
-        for c in tile_children(x):
-            visit(c)
-
-    visit(value)
-    return found
-
-
-def _per_row(x: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> bool:
-    """Whether a dot epilogue computes ``x`` once per fragment row: it is the same along the dot's
-    columns and holds no dot, accumulator element, reduction or integer division."""
-    from polyfuse.tiling.htile import walk_tile_expr
-
-    if any(depends_on(x, a) for a in n_axes):
-        return False
-    for n in walk_tile_expr(x):
-        if n == dot or n in own or isinstance(n, (Reduce, Dot)):
-            return False
-        if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
-            return False
-    return True
-
-
-def _elementwise_path(root: Expr, target: Expr) -> bool:
-    """Whether ``target`` is reached from ``root`` through elementwise nodes only (no reduction)."""
-    from polyfuse.tiling.htile import tile_children
-
-    if root is target or root == target:
-        return True
-    if isinstance(root, (Reduce, Dot)):
-        return False
-    return any(_elementwise_path(c, target) for c in tile_children(root))
-
-
 def _align(n: int) -> int:
     return (n + 15) // 16 * 16
-
-
-def _pow2_floor(n: int) -> int:
-    return 1 << (max(1, n).bit_length() - 1)
-
-
-def _pow2_ceil(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def _warps(chain: tuple[Loop, ...]) -> int:
-    for lp in chain:
-        for k, v in lp.annotations:
-            if k == "warps":
-                return int(v)  # type: ignore[call-overload]
-    return DEFAULT_WARPS
-
-
-def emit_cuda(program: TileProgram, target: Target) -> KernelSource:
-    return CudaEmitter(program, target).kernel(entry_name(program.name))

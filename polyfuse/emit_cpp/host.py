@@ -8,7 +8,7 @@ The kernel is one ``extern "C"`` function (the C ABI the runtime loads through c
 outputs; C-contiguous, of the declared dtypes), ``sizes`` the values of the size parameters.
 Temporaries live in the function (allocated once, or per iteration of their allocation loop);
 the outermost loop chains whose iterations touch disjoint memory run under
-``#pragma omp parallel for collapse(n)`` (see :mod:`polyfuse.emit_cpp.parallel`).
+``#pragma omp parallel for collapse(n)`` (see :mod:`polyfuse.tiling.parallel`).
 
 The code is written so that g++ vectorizes the tile loops without any change of results:
 selects evaluate both values (``pf::select``), ``exp`` is the branch-free ``pf::exp``, a reduction
@@ -24,7 +24,7 @@ from polyfuse.emit_cpp.cfamily import _REDUCE_INIT as REDUCE_INIT
 from polyfuse.emit_cpp.cfamily import _REDUCER_OP as REDUCER_OP
 from polyfuse.emit_cpp.cfamily import CFamilyEmitter, axis_var, flat, worth_hoisting
 from polyfuse.emit_cpp.cfamily import _Materialized as Materialized
-from polyfuse.emit_cpp.parallel import allocated_at, parallel_depth, perfect_chain
+from polyfuse.tiling.parallel import allocated_at, parallel_depth, perfect_chain
 from polyfuse.emit_cpp.target import KernelSource, Target, arg_of, entry_name
 from polyfuse.ir.expr import Const, Expr, Select
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt

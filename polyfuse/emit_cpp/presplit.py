@@ -10,81 +10,67 @@ the product copies both parts into shared memory with cp.async, as it copies a 1
 registers in the loop, for one more pass over the tensor (read 4 bytes, write 2 + 2 per element).
 
 Only plain loads qualify (no mask, a static shape whose element count is a multiple of 4): the split
-kernel reads the tensor four elements at a time.
+kernel reads the tensor four elements at a time.  :func:`plan` decides (the options' ``presplit``), the
+program plan records it, :func:`emit_kernels` prints the split kernels.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import static_numel
-from polyfuse.emit_cpp.grid import CTA
-from polyfuse.emit_cpp.parallel import unit_loop
-from polyfuse.ir import dtypes as dt
-from polyfuse.ir.expr import Const, Expr, Var
-from polyfuse.ir.stmt import INPUT, TEMP, Tensor
+from polyfuse.emit_cpp.dotplan import Frame, mma_type, plain_f32_load
+from polyfuse.emit_cpp.staging import split_parts
 from polyfuse.emit_cpp.target import Launch
-from polyfuse.tiling.htile import Dot, Permute, Slice, TileLoad, TileStore, axis_sizes, walk_tile_expr, walk_tile_stmts
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.expr import Const, Var
+from polyfuse.ir.stmt import TEMP, Tensor
+from polyfuse.tiling.grid import CTA, GridNest
+from polyfuse.tiling.htile import Dot, Slice, TileLoad, TileStore, axis_sizes, walk_tile_expr, walk_tile_stmts
+from polyfuse.tiling.parallel import unit_loop
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
-    from polyfuse.emit_cpp.grid import GridNest
-    from polyfuse.emit_cpp.mma import Staged
 
-PRESPLIT = True
-"""Split f32 input operands that several blocks read once, before the kernels that read them.  Measured on
-the H200 (ms, on / off): quant_gemm 4096³ 2.93 / 3.18, moe_routing 0.087 / 0.099, performer 0.302 / 0.315."""
 THREADS = 256
 VEC = 4
 """f32 elements a thread of the split kernel reads with one 128-bit load."""
 
 
-def plan(em: CudaEmitter, nests: tuple[GridNest, ...]) -> dict[str, tuple[Tensor, Tensor]]:
-    """The input tensors to split before the kernels, each with its hi and lo scratch arrays."""
-    from polyfuse.emit_cpp.mma import mma_type
-
+def plan(nests: tuple[GridNest, ...], frame_of: Callable[[GridNest], Frame]) -> dict[str, tuple[Tensor, Tensor]]:
+    """The input tensors to split before the kernels, each with its hi and lo scratch arrays (``frame_of``:
+    the frame of a kernel's statements)."""
     found: dict[str, tuple[Tensor, Tensor]] = {}
-    if not PRESPLIT or not em.tensor_cores:
-        return found
-    saved = getattr(em, "sizes", {})
     for nest in nests:
         if nest.kind != CTA:
             continue
+        frame = frame_of(nest)
+        if not frame.options.presplit or not frame.tensor_cores:
+            return found
         grid = {lp.var.name for lp in nest.chain if not unit_loop(lp)}
         for s in walk_tile_stmts(nest.body):
             if not isinstance(s, TileStore):
                 continue
-            em.sizes = axis_sizes(s)
+            here = frame.at(axis_sizes(s))
             for e in walk_tile_expr(s.value):
-                if not isinstance(e, Dot) or mma_type(em, e) != dt.bf16:
+                if not isinstance(e, Dot) or mma_type(here, e) != dt.bf16:
                     continue
                 for x in (e.a, e.b):
-                    load = _plain_load(x)
+                    load = plain_f32_load(x)
                     if load is None or load.tensor.name in found or not grid - _variables(load):
                         continue
                     t = load.tensor
                     size = static_numel(t)
                     names = [f"{t.name}_pf_{part}" for part in ("hi", "lo")]
-                    if size is None or size % VEC or any(n in em.tensors for n in names):
+                    if size is None or size % VEC or any(n in frame.tensors for n in names):
                         continue  # (a program tensor of that name: the operand is converted per tile instead)
                     found[t.name] = tuple(Tensor(n, t.shape, dt.bf16, TEMP) for n in names)
-    em.sizes = saved
     return found
-
-
-def parts(em: CudaEmitter, op: Staged) -> tuple[TileLoad, TileLoad] | None:
-    """The loads of the hi and lo arrays that hold split operand ``op``, if its tensor was split."""
-    load = _plain_load(op.x) if op.split else None
-    if load is None or load.tensor.name not in em.presplit:
-        return None
-    return tuple(dataclasses.replace(load, tensor=part) for part in em.presplit[load.tensor.name])
 
 
 def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
     """One kernel per split tensor, each thread splitting ``VEC`` neighbours per step of a grid-stride loop."""
-    from polyfuse.emit_cpp.mma import split_parts
-
     launches = []
     for name, (hi, lo) in em.presplit.items():
         total = static_numel(em.tensors[name]) // VEC
@@ -114,15 +100,6 @@ def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
         blocks = max(1, min(-(-total // THREADS), 1 << 20))
         launches.append(Launch(kernel, Const(blocks, dt.i64), THREADS, 0))
     return tuple(launches)
-
-
-def _plain_load(x: Expr) -> TileLoad | None:
-    """The unmasked load of an f32 input tensor that ``x`` is (possibly permuted), else None."""
-    while isinstance(x, Permute):
-        x = x.tile
-    if isinstance(x, TileLoad) and x.mask is None and x.tensor.role == INPUT and x.tensor.dtype == dt.f32:
-        return x
-    return None
 
 
 def _variables(load: TileLoad) -> set[str]:

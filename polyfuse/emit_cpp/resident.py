@@ -12,9 +12,9 @@ A tensor qualifies in a loop when it is a temporary in global memory (not an inp
 shared memory already), the loop writes it but not with a product (a dot's accumulator: MHA decode's partial
 ``pv_rf`` of one row, kept, went from 0.064 to 0.088 ms in attn_norm_inside decode for reasons not found), and
 every access to it in the loop is unmasked, at one index (the same scalar indices and slices, whatever the
-slices' axes are called) that does not depend on the loop's variable, of at most ``RESIDENT_ELEMENTS``
-elements.  Measured on the H200 (kept / not, ms): MLA decode B=32 0.410 / 0.427, B=1 0.116 / 0.120; GQA
-decode 0.061 / 0.060.
+slices' axes are called) that does not depend on the loop's variable, of at most ``resident_elements``
+elements (the options' ``resident_elements``).  :func:`plan` decides (the kernel plan records it);
+:func:`load` and :func:`store` print the copies.
 """
 
 from __future__ import annotations
@@ -23,18 +23,16 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from collections.abc import Callable
+
+from polyfuse.emit_cpp.dotplan import Frame
 from polyfuse.ir.expr import Var
+from polyfuse.ir.dtypes import DType
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop
 from polyfuse.tiling.htile import Dot, Index, Slice, TileLoad, TileStore, walk_tile_expr, walk_tile_stmts
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
-
-RESIDENT = True
-"""Keep small temporaries a loop updates in place in shared memory across the loop (module docstring)."""
-RESIDENT_ELEMENTS = 1024
-"""Most elements of one such tile (a few numbers per row of a block's tile)."""
-
 
 @dataclass(frozen=True)
 class Resident:
@@ -43,6 +41,11 @@ class Resident:
     tensor: str
     index: tuple[Index, ...]
     name: str
+    dtype: DType
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.extents) * max(1, self.dtype.bits // 8)
 
     @property
     def extents(self) -> tuple[int, ...]:
@@ -62,10 +65,10 @@ def _shape(index: tuple[Index, ...]) -> tuple:
     return tuple(("slice", i.start, i.size) if isinstance(i, Slice) else ("at", i) for i in index)
 
 
-def plan(em: CudaEmitter, loop: Loop, registers: set[str]) -> list[Resident]:
+def plan(frame: Frame, loop: Loop, registers: set[str], fresh: Callable[[str], str]) -> list[Resident]:
     """The temporaries of ``loop`` to keep in shared memory across it (``registers``: tensors of the loop's
     register accumulators, which stay out)."""
-    if not RESIDENT:
+    if not frame.options.resident:
         return []
     accesses: dict[str, list] = {}
     written: set[str] = set()
@@ -85,9 +88,9 @@ def plan(em: CudaEmitter, loop: Loop, registers: set[str]) -> list[Resident]:
                     accesses.setdefault(n.tensor.name, []).append(n)
     kept = []
     for name in sorted(written):
-        tensor = em.tensors[name]
+        tensor = frame.tensors[name]
         found = accesses[name]
-        if (tensor.role in (INPUT, OUTPUT) or name in em.shared_names or name in registers or name in products
+        if (tensor.role in (INPUT, OUTPUT) or name in frame.shared_names or name in registers or name in products
                 or any(x.mask is not None for x in found)
                 or any(isinstance(x, TileStore) and x.reducer for x in found)):
             continue
@@ -97,18 +100,16 @@ def plan(em: CudaEmitter, loop: Loop, registers: set[str]) -> list[Resident]:
         if any(isinstance(n, Var) and n.name == loop.var.name
                for i in found[0].index for n in walk_tile_expr(i.start if isinstance(i, Slice) else i)):
             continue
-        if math.prod(i.size for i in found[0].index if isinstance(i, Slice)) > RESIDENT_ELEMENTS:
+        if math.prod(i.size for i in found[0].index if isinstance(i, Slice)) > frame.options.resident_elements:
             continue
-        kept.append(Resident(name, found[0].index, em.fresh(f"kept_{name}")))
+        kept.append(Resident(name, found[0].index, fresh(f"kept_{name}"), tensor.dtype))
     return kept
 
 
 def load(em: CudaEmitter, kept: list[Resident]) -> None:
     """Declare the shared copies and read the tiles into them (before the loop)."""
     for r in kept:
-        tensor = em.tensors[r.tensor]
-        ctype = em.stype(tensor.dtype)
-        em.shared_array(ctype, r.name, math.prod(r.extents) * max(1, tensor.dtype.bits // 8))
+        em.shared_array(em.stype(r.dtype), r.name, r.nbytes)
         em.line(f"// {r.tensor}: in shared memory across the loop")
         _each(em, r, lambda value, element: em.line(f"{element} = {value};"))
     if kept:

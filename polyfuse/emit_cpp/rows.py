@@ -31,35 +31,47 @@ Row statements are also moved up, past independent statements (no tensor one wri
 written by the other), to join the row statements before them: the rolling update's row sum
 joins its row maximum ahead of the value product.  With the product's repair factor computed per
 fragment row (:meth:`CudaEmitter.dot_in_place`), MLA decode's loop has five block barriers per key
-tile instead of ten.
+tile instead of ten.  :func:`reorder` and :func:`split` decide (the kernel plan records the groups, the
+options' ``row_groups`` turns them off); :func:`emit` prints one group.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, COMPUTE_TYPES, STORAGE_TYPES, axis_var, reduce_lanes
+from polyfuse.emit_cpp.dotplan import Frame
+from polyfuse.ir.stmt import Stmt
 from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileStore, axes_of, axis_sizes, walk_tile_expr
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
-    from polyfuse.ir.stmt import Stmt
-
-ROW_GROUPS = True
-"""Emit runs of row statements as one pass (see the module docstring).  Measured on the H200, on and off in
-one run (ms): MLA decode B=32 0.454 / 0.478, B=1 0.125 / 0.134; causal prefill S=4096 1.93 / 2.04; global
-prefill 1.14 / 1.22; GQA decode 0.060 / 0.065; quant_gemm 2.56 / 2.69; MHA decode B=32 unchanged (1.04)."""
 
 
-def row_axis(em: CudaEmitter, s: Stmt) -> tuple[str, int] | None:
+@dataclass(frozen=True)
+class RowGroup:
+    """Row statements over ``rows`` rows of ``axis`` computed in one pass, ``lanes`` lanes per row."""
+
+    stores: tuple[TileStore, ...]
+    axis: str
+    rows: int
+    lanes: int
+
+    def describe(self) -> str:
+        return (f"row group {', '.join(s.block for s in self.stores)}: {self.rows} rows of {self.axis}, "
+                f"{self.lanes} lanes each")
+
+
+def row_axis(frame: Frame, s: Stmt) -> tuple[str, int] | None:
     """``(axis, rows)`` if ``s`` is a row statement the block can compute in a row group, else None."""
     if not isinstance(s, TileStore) or s.mask is not None or s.reducer is not None:
         return None
     axes = [i for i in s.index if isinstance(i, Slice)]
-    if len(axes) != 1 or em.stype(s.tensor.dtype) != em.ctype(s.tensor.dtype):
+    if len(axes) != 1 or STORAGE_TYPES[s.tensor.dtype.name] != COMPUTE_TYPES[s.tensor.dtype.name]:
         return None
     axis, rows = axes[0].axis, axes[0].size
-    if _lanes(em, rows) is None:
+    if _lanes(frame, rows) is None:
         return None
     for n in walk_tile_expr(s.value):
         if isinstance(n, Dot):
@@ -77,12 +89,12 @@ def row_axis(em: CudaEmitter, s: Stmt) -> tuple[str, int] | None:
     return axis, rows
 
 
-def _lanes(em: CudaEmitter, rows: int) -> int | None:
+def _lanes(frame: Frame, rows: int) -> int | None:
     """Lanes per row: a power of two, at most a warp, with the groups using at least ¾ of the block."""
-    if rows > em.threads:
+    if rows > frame.threads:
         return None
-    lanes = min(em.warp, em.reduce_lanes(rows))
-    return lanes if rows * lanes * 4 >= em.threads * 3 else None
+    lanes = min(frame.warp, reduce_lanes(frame.threads, rows))
+    return lanes if rows * lanes * 4 >= frame.threads * 3 else None
 
 
 def _reads(s: TileStore) -> set[str]:
@@ -98,9 +110,9 @@ def _independent(a: Stmt, b: Stmt) -> bool:
     return wa != wb and wa not in _reads(b) and wb not in _reads(a)
 
 
-def reorder(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt]:
+def reorder(frame: Frame, stmts: list[Stmt]) -> list[Stmt]:
     """Move each row statement up past independent statements to the row statement before them, if any."""
-    keys = {id(s): row_axis(em, s) for s in stmts}
+    keys = {id(s): row_axis(frame, s) for s in stmts}
     out: list[Stmt] = []
     for s in stmts:
         key = keys[id(s)]
@@ -114,19 +126,22 @@ def reorder(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt]:
     return out
 
 
-def split(em: CudaEmitter, stmts: list[Stmt]) -> list[Stmt | list[TileStore]]:
-    """``stmts`` with each run of row statements that can share a pass replaced by a list of them."""
-    out: list[Stmt | list[TileStore]] = []
+def split(frame: Frame, stmts: list[Stmt]) -> list[Stmt | RowGroup]:
+    """``stmts`` with each run of row statements that can share a pass replaced by a :class:`RowGroup`."""
+    out: list[Stmt | RowGroup] = []
     run: list[TileStore] = []
-    key = None
+    key: tuple[str, int] | None = None
 
     def flush() -> None:
         if run:
-            out.append(list(run))
+            assert key is not None
+            lanes = _lanes(frame, key[1])
+            assert lanes is not None
+            out.append(RowGroup(tuple(run), key[0], key[1], lanes))
         run.clear()
 
     for s in stmts:
-        k = row_axis(em, s) if ROW_GROUPS else None
+        k = row_axis(frame, s) if frame.options.row_groups else None
         if k is None:
             flush()
             out.append(s)
@@ -152,13 +167,9 @@ def _joins(run: list[TileStore], s: TileStore) -> bool:
     return True
 
 
-def emit(em: CudaEmitter, group: list[TileStore]) -> None:
-    """One pass computing ``group`` (row statements over one row axis; see :func:`split`)."""
-    from polyfuse.emit_cpp.stream import after_statement
-
-    axis, rows = row_axis(em, group[0])  # type: ignore[misc]
-    lanes = _lanes(em, rows)
-    assert lanes is not None
+def emit(em: CudaEmitter, row_group: RowGroup) -> None:
+    """One pass computing ``row_group`` (row statements over one row axis; see :func:`split`)."""
+    group, axis, rows, lanes = row_group.stores, row_group.axis, row_group.rows, row_group.lanes
     em.line(f"// row group: {', '.join(s.block for s in group)}")
     em.open("")
     em.line(f"const int pf_rl = pf_tid % {lanes}, pf_rr = pf_tid / {lanes};")
@@ -178,7 +189,7 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
         for n in reduced:  # (no reduction holds another: row_axis)
             acc, ct = em.fresh("acc"), em.reduce_type(n)
             length = em.sizes[n.axis]
-            width = min(lanes, em.reduce_lanes(rows, length))  # block_reduce's lanes: the same order
+            width = min(lanes, reduce_lanes(em.threads, rows, length))  # block_reduce's lanes: the same order
             em.line(f"{ct} {acc} = {_REDUCE_INIT[n.op]};")
             em.reduce_items(n, env, acc, ct, f"pf_rl % {width}" if width < lanes else "pf_rl", width)
             if width > 1:
@@ -204,5 +215,4 @@ def emit(em: CudaEmitter, group: list[TileStore]) -> None:
     em.close()
     em.close()
     em.barrier()
-    after_statement(em)
     em.materialized = {}

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from polyfuse.device import DEFAULT_ARCH, DeviceSpec, for_backend
+from polyfuse.emit_cpp.options import CodegenOptions
 
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import Const, Expr, Var
@@ -12,19 +16,35 @@ from polyfuse.ir.stmt import Tensor
 
 @dataclass(frozen=True)
 class Target:
-    """A code-generation target: ``backend`` (``cpp``, ``cuda``, ``hip``), ``arch``, ``warp_size``.
-
-    The host backend ignores ``warp_size``; GPU backends need it (32 vs 64 changes reductions).
+    """A code-generation target: the ``backend`` (``cpp``, ``cuda``, ``hip``), the ``device`` the GPU
+    backends emit for (its architecture, warp size, shared memory and instructions) and the code
+    generator's ``options``.  The host backend has no device and ignores the options.
     """
 
     backend: str
-    arch: str = "native"
-    warp_size: int = 1
+    device: DeviceSpec | None = None
+    options: CodegenOptions = field(default_factory=CodegenOptions)
+
+    def __post_init__(self) -> None:
+        if self.backend in DEFAULT_ARCH and self.device is None:
+            object.__setattr__(self, "device", for_backend(self.backend))
+
+    @property
+    def arch(self) -> str:
+        return self.device.arch if self.device is not None else "native"
+
+    @property
+    def warp_size(self) -> int:
+        return self.device.warp_size if self.device is not None else 1
+
+    def with_options(self, **changes) -> Target:
+        """This target with some options changed (``CUDA.with_options(row_groups=False)``)."""
+        return dataclasses.replace(self, options=dataclasses.replace(self.options, **changes))
 
 
 HOST = Target("cpp")
-CUDA = Target("cuda", "sm_90a", 32)
-HIP = Target("hip", "gfx90a", 64)
+CUDA = Target("cuda")
+HIP = Target("hip")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from polyfuse.tiling.htile import (
     Broadcast, Dot, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axis_sizes, tile_children,
     walk_tile_expr, walk_tile_stmts,
 )
-from polyfuse.tiling.printer import tile_expr_str
+from polyfuse.tiling.htile import tile_expr_str
 
 INT32_MIN, INT32_MAX = -(2 ** 31), 2 ** 31 - 1
 NARROW, WIDE = "int", "int64_t"

@@ -54,6 +54,8 @@ VECTORIZED = "vectorized"
 BOUND = "bound"
 LOOP_KINDS = (SERIAL, PARALLEL, UNROLLED, VECTORIZED, BOUND)
 THREAD_TAGS = tuple(f"{k}.{a}" for k in ("blockIdx", "threadIdx") for a in "xyz")
+WARPS = "warps"
+"""Loop annotation ``("warps", n)``: the GPU kernel whose grid holds the loop runs ``n`` warps per block."""
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ TOLERANCE_NOTE = (
     "3·Skv·2^-24 for the f32 sums row_sum and pv and f16-subnormal weights "
     "+ 2·(D+8)·2^-24·max|P| for f32 logits (∂out/∂P_j = p_j·(v_j - out); max|P| = 3·sqrt(D) at magnitude 1, "
     "plus the ALiBi bias) "
-    "+ 2·Skv·2^-24 for the GPU's exp, __expf (polyfuse.emit_cpp.cuda.FAST_EXP), off by at most 2 + 1.173·|x| ulp "
+    "+ 2·Skv·2^-24 for the GPU's exp, __expf (the fast_exp code generation option), off by at most 2 + 1.173·|x| ulp "
     "(CUDA Math API): the 2 ulp as for any f32 exp, and the growing part moves a weight e^x (x <= 0) by at most "
     "1.173·|x|·e^x·2^-23 <= 0.44·2^-23, for a key's rolling rescales too, whose arguments add up to its own "
     "x = s_j - max; with ∂out/∂p_j <= 2·max|v| / Σp and Σp >= 1 that is <= 0.87·Skv·2^-23; "

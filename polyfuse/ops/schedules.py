@@ -10,17 +10,18 @@ reduction chains into a single pass where a repair exists — for ``variance``,
 temporaries to what one iteration uses (no S×S score matrix remains in fused
 attention).
 
-GPU targets (``target="cuda"`` or ``"hip"``) get the same fusions with GPU-sized tiles:
-32×64 query/key tiles for prefill (one thread block per query tile); for decode one block per
-(batch, group of query heads sharing a kv head, key split), rolling over tiles of the split, then a
-combine kernel (:func:`_attention_decode_gpu`, sizes from :func:`gpu_decode_tiling`); and for the
-other operators a rolling loop over tiles of ``GPU_ROW_TILE`` elements instead of single elements,
-with the elementwise consumers of
+GPU targets (``target="cuda"`` or ``"hip"``) get the same fusions with GPU-sized tiles, for a
+:class:`~polyfuse.device.DeviceSpec` (the backend's preset unless a device is given) and a
+:class:`GpuTuning` (the tile sizes and split targets): 32×64 query/key tiles for prefill (one thread
+block per query tile); for decode one block per (batch, group of query heads sharing a kv head, key
+split), rolling over tiles of the split, then a combine kernel (:func:`_attention_decode_gpu`, sizes
+from :func:`gpu_decode_tiling`); and for the other operators a rolling loop over tiles of
+``row_tile`` elements instead of single elements, with the elementwise consumers of
 the fused results moved into the same per-row loop (one block per row, one pass over memory for
 the statistics and one for the output).  Operators with a GEMM get plans of their own (``_with_gpu``):
 ``quant_gemm`` and ``moe_routing`` one thread block per output tile, the GEMM a product of tiles rolled over
-k tiles (``GPU_GEMM_TILE``, ``GPU_GATE_TILE``); ``performer`` its four fusions over tiles of keys and of
-features (``GPU_PERFORMER_TILE``), the key side split-k over (batch, head, key split) blocks like decode
+k tiles (``gemm_tile``, ``gate_tile``); ``performer`` its four fusions over tiles of keys and of
+features (``performer_tile``), the key side split-k over (batch, head, key split) blocks like decode
 (:func:`gpu_performer_tiling`); ``inertia``, whose chain cannot roll over tiles, split-k over tiles of
 points.  Where no repair exists (``quant_gemm_fp8``) the fusion step raises ``NoRepairFound`` with the
 failing condition, and nothing is mis-compiled.
@@ -31,90 +32,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polyfuse.device import DeviceSpec, for_backend
 from polyfuse.errors import PolyfuseError
-from polyfuse.ir.stmt import Program, Tensor
+from polyfuse.ir.stmt import Loop, Program, Seq, Stmt, Tensor
 from polyfuse.ir.visit import loads
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.transforms.schedule import LoopRef, Schedule
 
 PREFILL_TILE = (16, 16)
 """Query rows × key columns per tile of fused prefill attention."""
 DECODE_SPLITS = 4
 """Key splits of fused decode attention (the partial nests run in parallel)."""
-GPU_PREFILL_TILE = (32, 64)
-"""Query rows × key columns per thread block of fused prefill attention on GPUs.
-
-Measured on the H200 (causal, S=4096, d=128, 8 warps): 32×64 11.9 ms, 16×64 12.3, 64×64 16.8,
-32×32 14.4, 32×128 14.0."""
-GPU_DECODE_HEADS = 16
-"""Most query heads per thread block of fused decode attention on GPUs (the M of its tile products).
-
-The query heads that share a kv head form the rows of the block's tile, so the block reads each key
-and value once for all of them.  16 fills one m16n8k16 tensor-core row tile.  With MLA's qk dim 576 and
-64-key tiles the generated partial kernel needs about 110 KB of shared memory with 16 heads and 150 KB
-with 32; with 64 heads the combine kernel (64 rows of 512 partial sums) exceeds the 227 KB limit."""
-GPU_DECODE_TILE = 128
-"""Keys per step of the rolling loop inside one split (the N of the score product, the K of the value
-product), before the shared-memory budget below shrinks it.  Measured on the H200 (attn_global decode
-B=32 H=64 Skv=4096, ms): 64 1.59, 128 1.27, 256 1.52; 2 splits of 2048 keys instead of none 1.33.
-MLA decode B=32 with 16 warps instead of 8: 0.643 against 0.670 ms (left at 8)."""
-GPU_DECODE_TILE_BYTES = 80 * 1024
-"""Shared memory for the f16 key tile (keys × (qk dim + 8 padding) × 2 bytes): the tile halves until it fits
-(MLA, qk dim 576: 64 keys; qk dim 128: 128 keys)."""
-GPU_DECODE_BLOCKS = 1056
-"""Thread blocks the split rule aims at for the partial kernel: eight per SM of the H200 (132 SMs), so that
-enough key tiles stream at once; ``GPU_DECODE_MIN_SPLIT`` bounds the splits from above.  Measured on the
-H200 (partials and combine included): MHA causal B=1 H=32 Skv=32768 0.312 ms with 264 blocks (9 splits),
-0.192 with 1056 (32); MHA global B=1 H=16 0.100 → 0.077; but MLA 0.427 → 1.08 and GQA 0.103 → 0.180 when
-the same target cuts their splits to 256 keys, which the minimum below prevents."""
-GPU_SMS = 132
-"""Streaming multiprocessors of the GPU the decode split rule aims at (the H200's)."""
-GPU_DECODE_WAVES = 2
-"""Most waves of resident partial blocks the decode split rule aims at.  Where a block's tiles leave room for
-few blocks per SM (MLA: a 64 × 584 key tile and 16 query rows of 584, two blocks), ``GPU_DECODE_BLOCKS`` would
-mean many waves of short blocks, each of which pays the query tile, its partial results and their combine:
-MLA decode B=32 measured 0.406 ms with 4 splits, 0.388 with 2 (H200, 2 blocks per SM)."""
-GPU_DECODE_MIN_SPLIT = 1024
-"""Fewest keys per split when the keys are split (the combine reads one partial result per split: below
-about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
-GPU_COMBINE_COLUMNS = 32
-"""Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
-is otherwise one block per head group: 8 blocks at MLA's B=1 H=128).  Measured on the H200 (ms, columns 16 /
-32 / 64 / 128 / one block per group): MLA decode 0.270 / 0.275 / 0.281 / 0.296 / 0.387; GQA decode – / 0.081 /
-0.084 / – / 0.089; causal decode – / 0.189 / 0.190 / – / 0.192."""
-GPU_ROW_TILE = 4096
-"""Elements per step of the rolling loop of the row reductions on GPUs (``_fit`` halves it until the
-row spans two steps).  Measured on the H200 (rmsnorm_amax 4096×8192 f32): 1024 0.127 ms, 2048 0.104,
-4096 0.086; softmax 4096×4096: 1024 0.055, 2048 0.048."""
-GPU_GEMM_TILE = (64, 128, 64)
-"""Rows × columns of C per thread block of quant_gemm on GPUs, and the k elements per step of its rolling loop.
-Measured on the H200 (M = K = N = 4096, f32 operands on tensor cores as bf16 hi + lo): 64×64×32 7.94 ms,
-64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46; with C in registers and 128-bit staging
-(session 4): 64×64×64 4.51, 64×128×64 4.38, 64×64×128 4.93, 128×64×64 5.22, 128×128×64 8.31, 64×128×32 6.96;
-with W split once before the kernel (session 6): 64×128×64 2.93, 128×128×32 3.61, 64×128×32 4.97, 64×256×64 4.03,
-128×64×64 4.14."""
-GPU_GATE_TILE = (16, 256)
-"""Token rows per thread block of moe_routing on GPUs (every expert column: E is small), and the hidden
-elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
-64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy); with
-128-bit staging of the f32 operands (session 4): 16×128 0.144, 16×256 0.129, 16×512 0.202, 32×128 0.147,
-32×256 0.143, 8×128 0.163."""
-GPU_PERFORMER_TILE = (64, 64, 64)
-"""performer on GPUs: key rows per step of the key-side rolling loop (a step's tile of k·Pᵀ, 64×256 f32 = 64 KB
-at F = 256, is all of it that lives in a block), query rows per block and features per step of the query side.
-Measured on the H200 (B = 1, H = 8, L = 4096) when the key side was one block per head (8 blocks on 132 SMs;
-2.33 ms against PyTorch eager's 0.57): 32/64/64 3.22 ms, 64/64/64 2.34, 32/128/64 3.32, 32/64/128 3.28.
-The key side is now split over many blocks (:func:`gpu_performer_tiling`), not yet measured."""
-GPU_PERFORMER_BLOCKS = 132
-"""Thread blocks the split rule aims at for performer's key side: one per SM of the H200 (132 SMs).  At F = 256
-a block's shared memory (the step's k·Pᵀ tile and the staging of its k'ᵀv product, about 223 KB with 64 keys
-per step) leaves room for one block per SM."""
-GPU_PERFORMER_MIN_SPLIT = 256
-"""Fewest keys per split of performer's key side: the combine reads each split's partial k'ᵀv (F×D floats: at
-F = 256, D = 64 half as many bytes as the k and v rows of a 256-key split), so shorter splits add more
-combine traffic than they add parallelism."""
 GPU_TARGETS = ("cuda", "hip")
 
 _Plan = Callable[[Schedule], None]
+_GpuPlan = Callable[..., None]
+"""A GPU plan of its own (``_with_gpu``): ``plan(sch, device=..., tuning=...)``."""
 
 
 def _attention_prefill(sch: Schedule, tile: tuple[int, int] = PREFILL_TILE) -> None:
@@ -147,26 +80,29 @@ class DecodeTiling:
     heads: int
     tile: int
     split: int
-    columns: int = GPU_COMBINE_COLUMNS
+    columns: int = GpuTuning.combine_columns
     """Output columns (dv) per thread block of the combine kernel (see :func:`_spread_combine`)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
 
 
-def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int) -> DecodeTiling:
-    """The GPU decode tiling of one attention instance; every constant it uses is a module constant (and the
-    emitter's ``SM_SHARED``).
+def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int, *,
+                      device: DeviceSpec | None = None, tuning: GpuTuning | None = None) -> DecodeTiling:
+    """The GPU decode tiling of one attention instance on ``device`` (default: the CUDA preset) with the
+    choices of ``tuning`` (default: :class:`GpuTuning`'s).
 
-    1. heads per block: the largest divisor of the group ``q_heads // kv_heads`` up to ``GPU_DECODE_HEADS``
+    1. heads per block: the largest divisor of the group ``q_heads // kv_heads`` up to ``decode_heads``
        (a divisor, so that a block's heads share one kv head: 8 for attn_gqa, 2 for attn_softcap, 16 of
        MLA's 128, 1 for MHA);
-    2. tile: ``GPU_DECODE_TILE`` keys, halved (down to 16) while the f16 key tile exceeds
-       ``GPU_DECODE_TILE_BYTES`` and while the keys do not span two tiles (small test sizes);
+    2. tile: ``decode_tile`` keys, halved (down to 16) while the f16 key tile exceeds ``decode_tile_bytes``,
+       while the key tile and the query rows exceed the device's shared memory per block, and while the
+       keys do not span two tiles (small test sizes);
     3. split: the (batch, kv head, head group) units in parallel are multiplied by the fewest splits that
-       give ``GPU_DECODE_BLOCKS`` blocks, or ``GPU_DECODE_WAVES`` waves of the blocks that reside at once
-       if fewer (estimated from the shared memory of the key tile and the query rows: two blocks per SM for
-       MLA); never more splits than tiles, nor splits of fewer than ``GPU_DECODE_MIN_SPLIT`` keys.  Where
+       give ``decode_blocks_per_sm`` blocks per SM, or ``decode_waves`` waves of the blocks that reside at
+       once if fewer (estimated from the shared memory of the key tile and the query rows, with the device's
+       reserve per block: two blocks per SM for MLA on sm_90a); never more splits than tiles, nor splits of
+       fewer than ``decode_min_split`` keys.  Where
        the keys are whole tiles, the splits divide the tiles (an uneven last split is masked, and its
        kernel is another: MLA B=32 with 3 splits measured 1.51 ms against 0.41 with 4); the keys are shared
        evenly and the split rounded up to whole tiles.  A split of many tiles rolls over them inside its
@@ -174,27 +110,29 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
        MLA's B=1 H=128 Skv=32768, 32 splits of 1024 keys instead of 256 of 128 (pv partials of 8 MB, not
        67 MB); for B=32 H=64 Skv=4096 the 2048 units need no split at all.
     """
+    device = device or for_backend("cuda")
+    t = tuning or GpuTuning()
     group = q_heads // kv_heads
-    heads = max(d for d in range(1, min(group, GPU_DECODE_HEADS) + 1) if group % d == 0)
-    tile = GPU_DECODE_TILE
-    while tile > 16 and tile * (qk_dim + 8) * 2 > GPU_DECODE_TILE_BYTES:
+    heads = max(d for d in range(1, min(group, t.decode_heads) + 1) if group % d == 0)
+    rows = -(-heads // 16) * 16  # the query rows of a tile, padded as the tensor-core product pads them
+    row_bytes = (qk_dim + 8) * 2  # one f16 row of q or k, padded
+    tile = t.decode_tile
+    while tile > 16 and (tile * row_bytes > t.decode_tile_bytes or (tile + rows) * row_bytes > device.shared_per_block):
         tile //= 2
     tile = _fit(tile, keys)
     units = batch * kv_heads * (group // heads)
-    from polyfuse.emit_cpp.cuda import SM_SHARED  # (the emitter's figure; imported where GPU plans are made)
-
-    rows = -(-heads // 16) * 16  # the query rows of a tile, padded as the tensor-core product pads them
-    resident = max(1, SM_SHARED // ((tile + rows) * (qk_dim + 8) * 2 + 1024))
-    blocks = min(GPU_DECODE_BLOCKS, GPU_SMS * resident * GPU_DECODE_WAVES)
+    resident = max(1, device.blocks_per_sm((tile + rows) * row_bytes))
+    blocks = min(t.decode_blocks_per_sm * device.sms, device.sms * resident * t.decode_waves)
     tiles = -(-keys // tile)
-    splits = max(1, min(-(-blocks // units), tiles, keys // GPU_DECODE_MIN_SPLIT))
+    splits = max(1, min(-(-blocks // units), tiles, keys // t.decode_min_split))
     if keys % tile == 0:
         splits = max(d for d in range(1, splits + 1) if tiles % d == 0)
     split = -(-keys // splits)
-    return DecodeTiling(heads, tile, -(-split // tile) * tile, GPU_COMBINE_COLUMNS)
+    return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns)
 
 
-def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None) -> None:
+def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, device: DeviceSpec | None = None,
+                          tuning: GpuTuning | None = None) -> None:
     """Decode attention with the query heads of one kv head as the rows of each tile (FlashDecoding).
 
     Loops of ``qk`` (``b, h, i, j, d``) after the steps, outermost first: ``b, i``, the head groups
@@ -205,12 +143,12 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None) -> 
     split before dv, so that a block's rows are contiguous) and the combine, then ``rolling_update`` rolls
     the partials over the steps of a split, one tile of ``heads × tile`` scores at a time; ``out`` joins
     the combine.  With one split there is no combine: the block rolls over all the keys.  ``tiling``
-    overrides :func:`gpu_decode_tiling`.
+    overrides :func:`gpu_decode_tiling` (of ``device`` and ``tuning``).
     """
     q, kv = sch.program.tensor("q"), _kv_tensor(sch.program)
     batch, q_heads, _, qk_dim = (int(x.value) for x in q.shape)
     kv_heads, keys = int(kv.shape[1].value), int(kv.shape[2].value)
-    t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim)
+    t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim, device=device, tuning=tuning)
     if (q_heads // kv_heads) % t.heads or t.split % t.tile:
         raise PolyfuseError(f"decode tiling {t}: the heads per block must divide the {q_heads // kv_heads} query "
                             "heads of a kv head, and the tile the split")
@@ -281,8 +219,8 @@ def _rolling(consumers: tuple[str, ...], producer: str, loop: str) -> _Plan:
     return plan
 
 
-def _gpu_rolling(sch: Schedule, consumers: tuple[str, ...], producer: str, loop: str) -> None:
-    """The rolling plan over tiles of ``GPU_ROW_TILE`` elements, consumers moved into the row loop."""
+def _gpu_rolling(sch: Schedule, consumers: tuple[str, ...], producer: str, loop: str, row_tile: int) -> None:
+    """The rolling plan over tiles of ``row_tile`` elements, consumers moved into the row loop."""
     ref = sch.loop(producer, loop)
     extent = _extent(sch, ref)
     if any(len(sch.get_loops(c)) > len(sch.get_loops(producer)) for c in consumers):
@@ -290,7 +228,7 @@ def _gpu_rolling(sch: Schedule, consumers: tuple[str, ...], producer: str, loop:
         # tile of those axes times the step: keep the element-wise rolling loop instead.
         raise PolyfuseError(f"row tiling does not apply: a consumer of {producer!r} has more loops than it")
     if extent is not None and extent >= 32:
-        ref, _ = sch.split(ref, [None, _fit(GPU_ROW_TILE, extent)])
+        ref, _ = sch.split(ref, [None, _fit(row_tile, extent)])
     for c in consumers:
         sch.rolling_update(c, ref)
     from polyfuse.transforms.tree import loops_of
@@ -334,7 +272,7 @@ def _performer(sch: Schedule) -> None:
         sch.rolling_update(c, sch.loop("s_qmax", "f"))
 
 
-def _quant_gemm_gpu(sch: Schedule) -> None:
+def _quant_gemm_gpu(sch: Schedule, *, device: DeviceSpec, tuning: GpuTuning) -> None:
     """One thread block per (row tile, column tile) of C, rolling over k tiles (RedFuser §3.4 on a GEMM tiling).
 
     Every block recomputes the amax of its rows (``recompute_at``: each column tile needs them) over the
@@ -342,7 +280,7 @@ def _quant_gemm_gpu(sch: Schedule) -> None:
     W tile is repaired with ``h = t·r/r'`` once per k tile.  C accumulates in a per-block buffer written
     back once, after the last k tile.
     """
-    rows, cols, step = GPU_GEMM_TILE
+    rows, cols, step = tuning.gemm_tile
     write_back = sch.cache_write("s_gemm", "shared")
     i, n, _ = sch.get_loops("s_gemm")
     _, n0, _, _ = sch.tile([i, n], [_fit(rows, _extent(sch, i)), _fit(cols, _extent(sch, n))])
@@ -354,13 +292,13 @@ def _quant_gemm_gpu(sch: Schedule) -> None:
     sch.reverse_compute_at(write_back, n0)
 
 
-def _moe_routing_gpu(sch: Schedule) -> None:
+def _moe_routing_gpu(sch: Schedule, *, device: DeviceSpec, tuning: GpuTuning) -> None:
     """One thread block per tile of token rows: the gate product ``z = x·w`` as a product of tiles per step
     over the hidden dimension (partials added into z), then the softmax statistics, the top-k and the
     probabilities in the same block, from z, which never leaves it (E is small: the block holds every
     expert).  With the whole row of z at hand the max and the exp-sum are two passes over it in the block,
     so they need no repair."""
-    rows, step = GPU_GATE_TILE
+    rows, step = tuning.gate_tile
     s, e, h = sch.get_loops("s_gate")
     s0, s1 = sch.split(s, [None, _fit(rows, _extent(sch, s))])
     h0, h1 = sch.split(h, [None, _fit(step, _extent(sch, h))])
@@ -372,13 +310,13 @@ def _moe_routing_gpu(sch: Schedule) -> None:
         sch.reverse_compute_at(block, s0)
 
 
-def _inertia_gpu(sch: Schedule) -> None:
-    """Split-k over tiles of ``GPU_ROW_TILE`` points: each split reduces the mass, the centre and the inertia
+def _inertia_gpu(sch: Schedule, *, device: DeviceSpec, tuning: GpuTuning) -> None:
+    """Split-k over tiles of ``row_tile`` points: each split reduces the mass, the centre and the inertia
     state of its tile (the inertia about the split's own centre), and the combines repair them to the
     row's (``c``: t·M/M'; the inertia: the auxiliary sums re-centre it).  The rolling plan cannot tile
     here: ``s_inertia`` would roll over tiles of a centre that exists only per tile."""
     n = sch.loop("s_mass", "n")
-    n0, _ = sch.split(n, [None, _fit(GPU_ROW_TILE, _extent(sch, n))])
+    n0, _ = sch.split(n, [None, _fit(tuning.row_tile, _extent(sch, n))])
     for block in ("s_center", "s_inertia"):
         sch.split_k_update(block, n0)
 
@@ -398,24 +336,29 @@ class PerformerTiling:
         return -(-length // self.split)
 
 
-def gpu_performer_tiling(batch: int, heads: int, length: int) -> PerformerTiling:
-    """The GPU tiling of performer's key side; every constant it uses is a module constant.
+def gpu_performer_tiling(batch: int, heads: int, length: int, *, device: DeviceSpec | None = None,
+                         tuning: GpuTuning | None = None) -> PerformerTiling:
+    """The GPU tiling of performer's key side on ``device`` (default: the CUDA preset) with the choices of
+    ``tuning`` (default: :class:`GpuTuning`'s).
 
-    1. keys per step: ``GPU_PERFORMER_TILE[0]``, halved (down to 16) while the rows do not span two steps;
-    2. split: the (batch, head) units are multiplied by the fewest splits that give ``GPU_PERFORMER_BLOCKS``
-       blocks (never more splits than steps, nor splits of fewer than ``GPU_PERFORMER_MIN_SPLIT`` rows);
-       the rows are shared evenly and the split rounded up to whole steps.  At B=1 H=8 L=4096: 16 splits
-       of 256 rows (4 steps of 64), 128 blocks; small test sizes get one split.
+    1. keys per step: ``performer_tile[0]``, halved (down to 16) while the rows do not span two steps;
+    2. split: the (batch, head) units are multiplied by the fewest splits that give ``performer_blocks_per_sm``
+       blocks per SM (never more splits than steps, nor splits of fewer than ``performer_min_split`` rows);
+       the rows are shared evenly and the split rounded up to whole steps.  At B=1 H=8 L=4096 on sm_90a:
+       16 splits of 256 rows (4 steps of 64), 128 blocks; small test sizes get one split.
     """
-    keys = _fit(GPU_PERFORMER_TILE[0], length)
-    splits = max(1, min(-(-GPU_PERFORMER_BLOCKS // (batch * heads)), -(-length // keys),
-                        length // GPU_PERFORMER_MIN_SPLIT))
+    device = device or for_backend("cuda")
+    t = tuning or GpuTuning()
+    keys = _fit(t.performer_tile[0], length)
+    splits = max(1, min(-(-(t.performer_blocks_per_sm * device.sms) // (batch * heads)), -(-length // keys),
+                        length // t.performer_min_split))
     split = -(-length // splits)
     return PerformerTiling(keys, -(-split // keys) * keys)
 
 
-def _performer_gpu(sch: Schedule, tiling: PerformerTiling | None = None) -> None:
-    """The fusions of :func:`_performer` over tiles (``GPU_PERFORMER_TILE``), their GEMMs as products of tiles.
+def _performer_gpu(sch: Schedule, tiling: PerformerTiling | None = None, *, device: DeviceSpec | None = None,
+                   tuning: GpuTuning | None = None) -> None:
+    """The fusions of :func:`_performer` over tiles (``performer_tile``), their GEMMs as products of tiles.
 
     Keys, split-k like decode attention (:func:`_attention_decode_gpu`): the rows ``i`` of ``s_kmax`` are
     split by ``[None, split]`` and the split's rows by ``[None, keys]`` (a split loop ``i_0``, a rolling step
@@ -424,14 +367,15 @@ def _performer_gpu(sch: Schedule, tiling: PerformerTiling | None = None) -> None
     with ``exp(kmax_rf - kmax)``; ``rolling_update`` rolls the partials over the steps of the split, repaired
     alike, and each step computes its tile of k·Pᵀ and ‖k‖² (``compute_at``).  With one split there is no
     combine: the block rolls over all the rows of its head (the step loop is ``i_0``); with one step per
-    split there is no step loop.  ``tiling`` overrides :func:`gpu_performer_tiling`.
+    split there is no step loop.  ``tiling`` overrides :func:`gpu_performer_tiling` (of ``device`` and ``tuning``).
 
     Queries: one block per tile of query rows rolls over tiles of features, like attention prefill: a tile
     of q·Pᵀ per step, the row max, and q'·(k'ᵀv) and q'·Σk' repaired alike.
     """
-    _, rows, features = GPU_PERFORMER_TILE
+    tuning = tuning or GpuTuning()
+    _, rows, features = tuning.performer_tile
     batch, heads, length, _ = (int(x.value) for x in sch.program.tensor("k").shape)
-    t = tiling or gpu_performer_tiling(batch, heads, length)
+    t = tiling or gpu_performer_tiling(batch, heads, length, device=device, tuning=tuning)
     if t.split % t.keys:
         raise PolyfuseError(f"performer tiling {t}: the keys per step must divide the split")
     i = sch.loop("s_kmax", "i")
@@ -465,7 +409,7 @@ def _performer_gpu(sch: Schedule, tiling: PerformerTiling | None = None) -> None
     sch.reverse_compute_at("s_out", q_rows)
 
 
-def _with_gpu(plan: _Plan, gpu: _Plan) -> _Plan:
+def _with_gpu(plan: _Plan, gpu: _GpuPlan) -> _Plan:
     """``plan``, with a plan of its own for GPU targets (used instead of the row tiling of ``_gpu_rolling``)."""
     plan.gpu = gpu  # type: ignore[attr-defined]
     return plan
@@ -497,32 +441,57 @@ def has_default_schedule(name: str, mode: str) -> bool:
     return (name, mode) in _PLANS
 
 
-def _gpu_plan(sch: Schedule, plan: _Plan) -> None:
+def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning) -> None:
     if plan is _attention_prefill:
         _, _, i, j, _ = sch.get_loops("qk")
-        tile = (_fit(GPU_PREFILL_TILE[0], _extent(sch, i)), _fit(GPU_PREFILL_TILE[1], _extent(sch, j)))
-        _attention_prefill(sch, tile)
+        rows, keys = tuning.prefill_tile
+        _attention_prefill(sch, (_fit(rows, _extent(sch, i)), _fit(keys, _extent(sch, j))))
     elif plan is _attention_decode:
-        _attention_decode_gpu(sch)
+        _attention_decode_gpu(sch, device=device, tuning=tuning)
     elif hasattr(plan, "gpu"):
-        plan.gpu(sch)
+        plan.gpu(sch, device=device, tuning=tuning)
+    elif hasattr(plan, "rolling"):
+        _gpu_rolling(sch, *plan.rolling, tuning.row_tile)  # type: ignore[attr-defined]
     else:
-        _gpu_rolling(sch, *plan.rolling)  # type: ignore[attr-defined]
+        plan(sch)
 
 
-def default_schedule(name: str, mode: str, program: Program, target: str = "cpp") -> Schedule:
+def _ask_warps(sch: Schedule, warps: int) -> None:
+    """Ask every kernel of the schedule for ``warps`` warps per block.
+
+    Each top-level loop becomes one kernel (or, split-k, a partial and a combine kernel that both start
+    with it), and the grid stage reads the annotation from a kernel's grid loops, outermost first: so the
+    top-level loops are the ones annotated.
+    """
+    from polyfuse.transforms.tree import blocks_under
+
+    for stmt in _top_level(sch.program.body):
+        if isinstance(stmt, Loop) and (blocks := blocks_under(stmt)):
+            sch.warps(LoopRef(blocks[0].name, stmt.var.name), warps)
+
+
+def _top_level(stmt: Stmt) -> list[Stmt]:
+    return [x for c in stmt.stmts for x in _top_level(c)] if isinstance(stmt, Seq) else [stmt]
+
+
+def default_schedule(name: str, mode: str, program: Program, target: str = "cpp", *,
+                     device: DeviceSpec | None = None, tuning: GpuTuning | None = None) -> Schedule:
     """The operator's fused schedule applied to ``program`` (its plain program at some sizes).
 
-    ``target`` (``cpp``, ``cuda``, ``hip``) picks the tile sizes (see the module docstring).
+    ``target`` (``cpp``, ``cuda``, ``hip``) picks the plan and its tile sizes (see the module docstring).
+    GPU targets schedule for ``device`` (default: the backend's preset, :func:`~polyfuse.device.for_backend`;
+    pass the device a kernel will run on, :meth:`~polyfuse.runtime.loaders.Loader.device_spec`) with the
+    choices of ``tuning`` (default: :class:`GpuTuning`'s); the host target reads neither.
     """
     plan = _PLANS.get((name, mode))
     if plan is None:
         raise PolyfuseError(f"operator {name!r} has no default schedule for mode {mode!r}")
     sch = Schedule(program)
-    if target in GPU_TARGETS and (plan in (_attention_prefill, _attention_decode) or hasattr(plan, "rolling")
-                                  or hasattr(plan, "gpu")):
+    if target in GPU_TARGETS:
+        device = device or for_backend(target)
+        tuning = tuning or GpuTuning()
         try:
-            _gpu_plan(sch, plan)
+            _gpu_plan(sch, plan, device, tuning)
         except PolyfuseError:
             # The GPU tiling does not apply to this program (e.g. chained consumers that cannot
             # roll over tiles): fall back to the element-wise plan, which fuses the same way.
@@ -530,6 +499,8 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
                 raise
             sch = Schedule(program)
             plan(sch)
+        if tuning.warps is not None:
+            _ask_warps(sch, tuning.warps)
     else:
         plan(sch)
     sch.compact_buffers()

@@ -13,7 +13,7 @@ by default (``-fmad=true``) and clang does for HIP (``-ffp-contract=fast``), so 
 ``fp_contract`` they get ``-fmad=false`` and ``-ffp-contract=off``.  nvcc's other defaults are
 IEEE already (``-ftz=false -prec-div=true -prec-sqrt=true``; no ``-use_fast_math``).  The
 approximate ``__expf`` of 16-bit-output programs is a choice of the CUDA emitter, written in the
-source (``polyfuse.emit_cpp.cuda.FAST_EXP``), not a flag.
+source (the ``fast_exp`` option of :class:`polyfuse.emit_cpp.options.CodegenOptions`), not a flag.
 """
 
 from __future__ import annotations

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import dataclasses
 import functools
 from typing import Any
 
-from polyfuse.errors import BackendUnavailable, LaunchError
+from polyfuse.device import PRESETS, DeviceSpec, preset
+from polyfuse.errors import BackendUnavailable, LaunchError, PolyfuseError
 
 CUDA_LOADERS = ("pycuda", "cuda-python")
 
@@ -24,8 +26,38 @@ class Loader:
 
     name = "?"
     backend = "cuda"
+    _device_spec: DeviceSpec | None = None
 
     def arch(self) -> str:
+        raise NotImplementedError
+
+    def device_spec(self) -> DeviceSpec:
+        """Device 0 as code generation sees it: the preset of its architecture, with the numbers the driver
+        reports in place of the preset's (SMs, shared memory, registers, warp size, threads per block).
+
+        The driver's numbers win because a part of an architecture may differ from the preset's (fewer SMs
+        on a PCIe card, less shared memory on a consumer part); the preset still gives what the driver does
+        not report (the instruction families, the default warps).  Asked once per loader.
+        """
+        if self._device_spec is None:
+            name, numbers = self._attributes()
+            # A zero count is a driver that does not fill the field (no device has 0 SMs); only the reserve may be 0.
+            known = {k: int(v) for k, v in numbers.items()
+                     if v is not None and (int(v) > 0 or k == "shared_reserved")}
+            self._device_spec = dataclasses.replace(self._preset(name), **known, source=f"device 0: {name}")
+        return self._device_spec
+
+    def _preset(self, name: str) -> DeviceSpec:
+        arch = self.arch()
+        try:
+            return preset(arch)
+        except PolyfuseError:
+            raise BackendUnavailable(f"device 0 ({name}) is {arch}, an architecture polyfuse has no preset for "
+                                     f"(presets are {', '.join(PRESETS)}; newer sm_XY take the nearest lower "
+                                     f"one): its instruction families are unknown") from None
+
+    def _attributes(self) -> tuple[str, dict[str, int | None]]:
+        """The device's name and the :class:`DeviceSpec` fields the driver reports (None: not reported)."""
         raise NotImplementedError
 
     def load(self, image: bytes) -> Any:
@@ -99,6 +131,19 @@ class CudaPython(Loader):
                                                         self.device), "cuDeviceGetAttribute")
         return _sm(int(major), int(minor))
 
+    def _attributes(self) -> tuple[str, dict[str, int | None]]:
+        numbers = {field: self._attribute(attr) for field, attr in _CUDA_ATTRIBUTES.items()}
+        err, name = self.cu.cuDeviceGetName(256, self.device)
+        return (_text(name) if int(err) == 0 else "?"), numbers
+
+    def _attribute(self, attr: str) -> int | None:
+        """One ``CU_DEVICE_ATTRIBUTE_*`` of the device; None where the binding or the driver lacks it."""
+        which = getattr(self.cu.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{attr}", None)
+        if which is None:
+            return None
+        err, value = self.cu.cuDeviceGetAttribute(which, self.device)
+        return int(value) if int(err) == 0 else None
+
     def load(self, image: bytes) -> Any:
         self.check(self.cu.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
         return self.check(self.cu.cuModuleLoadData(image), "cuModuleLoadData")
@@ -164,6 +209,16 @@ class PyCuda(Loader):
         major, minor = self.device.compute_capability()
         return _sm(major, minor)
 
+    def _attributes(self) -> tuple[str, dict[str, int | None]]:
+        numbers = {}
+        for field, attr in _CUDA_ATTRIBUTES.items():
+            which = getattr(self.drv.device_attribute, attr, None)
+            try:
+                numbers[field] = None if which is None else int(self.device.get_attribute(which))
+            except self.drv.Error:
+                numbers[field] = None
+        return self.device.name(), numbers
+
     def load(self, image: bytes) -> Any:
         return self.drv.module_from_buffer(image)
 
@@ -223,11 +278,19 @@ class HipPython(Loader):
             return None
         return rest[0] if len(rest) == 1 else tuple(rest)
 
-    def arch(self) -> str:
+    def _properties(self) -> Any:
         props = self.hip.hipDeviceProp_t()
         self.check(self.hip.hipGetDeviceProperties(props, 0), "hipGetDeviceProperties")
-        name = props.gcnArchName
-        return (name.decode() if isinstance(name, bytes) else str(name)).split(":")[0]
+        return props
+
+    def arch(self) -> str:
+        # gcnArchName carries the target features after the architecture: "gfx90a:sramecc+:xnack-".
+        return _text(self._properties().gcnArchName).split(":")[0]
+
+    def _attributes(self) -> tuple[str, dict[str, int | None]]:
+        props = self._properties()
+        numbers = {field: getattr(props, prop, None) for field, prop in _HIP_PROPERTIES.items()}
+        return _text(getattr(props, "name", "?")), numbers
 
     def load(self, image: bytes) -> Any:
         return self.check(self.hip.hipModuleLoadData(image), "hipModuleLoadData")
@@ -270,6 +333,34 @@ class _Freed:
             pass
 
 
+_CUDA_ATTRIBUTES = {
+    "sms": "MULTIPROCESSOR_COUNT",
+    "shared_per_sm": "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "shared_per_block": "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "shared_reserved": "RESERVED_SHARED_MEMORY_PER_BLOCK",
+    "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "warp_size": "WARP_SIZE",
+    "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+}
+"""The :class:`DeviceSpec` fields a CUDA driver reports, by device attribute (``CU_DEVICE_ATTRIBUTE_`` + name in
+cuda-python, ``device_attribute.`` + name in pycuda)."""
+_HIP_PROPERTIES = {
+    "sms": "multiProcessorCount",
+    "shared_per_sm": "maxSharedMemoryPerMultiProcessor",
+    "shared_per_block": "sharedMemPerBlock",
+    "registers_per_sm": "regsPerMultiprocessor",
+    "warp_size": "warpSize",
+    "max_threads_per_block": "maxThreadsPerBlock",
+}
+"""The :class:`DeviceSpec` fields HIP reports, by ``hipDeviceProp_t`` field (HIP reserves no shared memory)."""
+
+
+def _text(value: Any) -> str:
+    """A C string from a binding (bytes padded with NULs, or str) as text."""
+    text = value.decode(errors="replace") if isinstance(value, bytes | bytearray) else str(value)
+    return text.split("\x00", 1)[0].strip()
+
+
 def _host_view(address: int, nbytes: int):
     import numpy as np
 
@@ -281,9 +372,17 @@ def _sm(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
-@functools.cache
 def loader(backend: str = "cuda", prefer: str | None = None) -> Loader:
-    """The loader for ``backend``: pycuda, else cuda-python (``prefer`` names one); hip-python for HIP."""
+    """The loader for ``backend``: pycuda, else cuda-python (``prefer`` names one); hip-python for HIP.
+
+    One per (backend, prefer), however the arguments are spelled, so that the device a schedule was made
+    for (:meth:`Loader.device_spec`) and the one :func:`~polyfuse.pipeline.build` loads onto are one object.
+    """
+    return _loader(backend, prefer)
+
+
+@functools.cache
+def _loader(backend: str, prefer: str | None) -> Loader:
     if backend == "hip":
         return HipPython()
     if backend != "cuda":

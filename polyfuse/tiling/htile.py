@@ -11,6 +11,9 @@ then broadcasting by name.
 
 Scalar ``Loop``/``Seq`` of :mod:`polyfuse.ir.stmt` stay around tile statements:
 grid- or thread-bound loops, rolling (annotated) loops and sequences.
+
+The text form (:func:`tile_expr_str`, :func:`print_tile_program`) is at the end,
+next to the nodes whose ``str()`` it is.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from polyfuse.errors import InternalError
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
+from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt, Tensor
 from polyfuse.ir.visit import children, with_children
 
@@ -48,8 +52,6 @@ class TileExpr(Expr):
     __slots__ = ()
 
     def __str__(self) -> str:
-        from polyfuse.tiling.printer import tile_expr_str
-
         return tile_expr_str(self)
 
 
@@ -152,8 +154,6 @@ class TileStmt(Stmt):
     __slots__ = ()
 
     def __str__(self) -> str:
-        from polyfuse.tiling.printer import tile_stmt_str
-
         return tile_stmt_str(self)
 
 
@@ -187,8 +187,6 @@ class TileProgram:
         return tuple(t for t in self.tensors if t.role == OUTPUT)
 
     def __str__(self) -> str:
-        from polyfuse.tiling.printer import print_tile_program
-
         return print_tile_program(self)
 
 
@@ -249,8 +247,6 @@ def axes_of(e: Expr) -> tuple[str, ...]:
         a = [x for x in axes_of(e.a) if x != e.axis]
         return tuple(a + [x for x in axes_of(e.b) if x != e.axis and x not in a])
     if isinstance(e, (BinOp, Call, Select, Cast)):
-        from polyfuse.ir.visit import children
-
         found = max((axes_of(c) for c in children(e)), key=len)
         return found
     if isinstance(e, Load):
@@ -268,8 +264,6 @@ def tile_children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Dot):
         return (e.a, e.b, e.acc)
     if isinstance(e, (BinOp, Call, Select, Cast)):
-        from polyfuse.ir.visit import children
-
         return children(e)
     return ()
 
@@ -324,3 +318,96 @@ def map_tile_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     if not kids:
         return e
     return with_children(e, tuple(map_tile_expr(c, fn) for c in kids))
+
+
+# ------------------------------------------------------------------ text form
+# One line per tile statement, axes named on every tile: meant for reading
+# (``polyfuse show OP --stage tile``) and for golden tests.  It is the ``str()`` of the
+# nodes above, so it lives next to them.
+
+_INFIX = {"+", "-", "*", "/", "//", "%", "<", "<=", ">", ">=", "==", "!="}
+
+
+def _is_scalar(e: Expr) -> bool:
+    return not any(isinstance(n, (TileLoad, Iota, Broadcast, Permute, Squeeze, Reduce, Dot))
+                   for n in walk_tile_expr(e))
+
+
+def _index(i: Index) -> str:
+    if isinstance(i, Slice):
+        start = expr_to_str(i.start)
+        return f"{'' if start == '0' else start + ' + '}:{i.size}@{i.axis}"
+    return expr_to_str(i)
+
+
+def _access(tensor: str, index: tuple[Index, ...]) -> str:
+    return f"{tensor}[{', '.join(_index(i) for i in index)}]"
+
+
+def tile_expr_str(e: Expr) -> str:
+    """One-line text of a tile expression."""
+    if isinstance(e, (Var, Const)) or (_is_scalar(e) and not isinstance(e, (BinOp, Call, Select, Cast))):
+        return expr_to_str(e)
+    if isinstance(e, TileLoad):
+        other = e.other if e.other is not None else Const(0, e.dtype)
+        mask = "" if e.mask is None else f", mask={tile_expr_str(e.mask)}, other={expr_to_str(other)}"
+        return f"load({_access(e.tensor.name, e.index)}{mask})"
+    if isinstance(e, Iota):
+        return f"iota({e.axis}:{e.size})"
+    if isinstance(e, Broadcast):
+        axes = ", ".join(f"{a}:{n}" for a, n in e.axes)
+        return f"broadcast({tile_expr_str(e.tile)}, [{axes}])"
+    if isinstance(e, Permute):
+        return f"permute({tile_expr_str(e.tile)}, [{', '.join(e.order)}])"
+    if isinstance(e, Squeeze):
+        return f"squeeze({tile_expr_str(e.tile)}, {e.axis})"
+    if isinstance(e, Reduce):
+        return f"reduce_{e.op}({tile_expr_str(e.tile)}, {e.axis})"
+    if isinstance(e, Dot):
+        return f"dot({tile_expr_str(e.a)}, {tile_expr_str(e.b)}, acc={tile_expr_str(e.acc)}, over={e.axis})"
+    if isinstance(e, BinOp):
+        a, b = tile_expr_str(e.a), tile_expr_str(e.b)
+        return f"({a} {e.op} {b})" if e.op in _INFIX else f"{e.op}({a}, {b})"
+    if isinstance(e, Call):
+        return f"{e.fn}({tile_expr_str(e.args[0])})"
+    if isinstance(e, Select):
+        return f"select({tile_expr_str(e.cond)}, {tile_expr_str(e.true_value)}, {tile_expr_str(e.false_value)})"
+    if isinstance(e, Cast):
+        return f'cast("{e.type}", {tile_expr_str(e.value)})'
+    raise TypeError(f"cannot print {type(e).__name__}")
+
+
+def _lines(s: Stmt, indent: int, out: list[str]) -> None:
+    pad = "    " * indent
+    if isinstance(s, Seq):
+        for c in s.stmts:
+            _lines(c, indent, out)
+    elif isinstance(s, Loop):
+        extra = "" if s.kind == "serial" else f"  # {s.kind}"
+        extra += f"  # {s.thread}" if s.thread else ""
+        extra += "".join(f"  # {k}={v}" for k, v in s.annotations)
+        out.append(f"{pad}for {s.var.name} in range({expr_to_str(s.extent)}):{extra}")
+        _lines(s.body, indent + 1, out)
+    elif isinstance(s, TileStore):
+        mask = "" if s.mask is None else f", mask={tile_expr_str(s.mask)}"
+        red = "" if s.reducer is None else f", reducer={s.reducer}"
+        out.append(f"{pad}{s.block}: store({_access(s.tensor.name, s.index)}, "
+                   f"{tile_expr_str(s.value)}{mask}{red})")
+    else:
+        raise TypeError(f"cannot print {type(s).__name__}")
+
+
+def tile_stmt_str(s: Stmt) -> str:
+    """Text of a tile statement and the loops and sequences around it, one line per statement."""
+    out: list[str] = []
+    _lines(s, 0, out)
+    return "\n".join(out)
+
+
+def print_tile_program(p: TileProgram) -> str:
+    """The program header (tensors) and its tile body."""
+    head = [f"# tile program {p.name}"]
+    for t in p.tensors:
+        shape = ", ".join(expr_to_str(d) for d in t.shape)
+        head.append(f"# {t.role} {t.name}[{shape}] {t.dtype}")
+    return "\n".join(head + [tile_stmt_str(p.body)])

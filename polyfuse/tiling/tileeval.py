@@ -8,7 +8,7 @@ Each tile value is abstracted by one fact that holds for every element:
   ``finite`` when it is known to be neither infinite nor NaN.
 
 Each statement is evaluated in a *context*, an ISL set of loop iterations and tile elements
-(:class:`~polyfuse.tiling.skip.Space`): affine conditions are decided in it, a ``select`` on an
+(:class:`~polyfuse.tiling.space.Space`): affine conditions are decided in it, a ``select`` on an
 affine condition evaluates its branches in the two halves, a store's mask narrows it, a
 reduction frees its axis.  A ``select`` on ``x == -INF`` evaluates its other branch knowing
 that ``x`` is finite.  Every store becomes a :class:`Layer` of its tensor; a later load finds
@@ -26,7 +26,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+
+import islpy as isl
 
 from polyfuse.errors import InternalError, PolyfuseError
 from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Cast, Const, Expr, Select, Var
@@ -35,15 +36,7 @@ from polyfuse.tiling.htile import (
     Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axis_sizes,
     walk_tile_expr,
 )
-
-if TYPE_CHECKING:
-    import islpy as isl
-
-    from polyfuse.tiling.skip import Space
-
-
-class NotAffine(PolyfuseError):
-    """An expression the analysis cannot write as an ISL affine expression."""
+from polyfuse.tiling.space import Space
 
 
 class GiveUp(PolyfuseError):

@@ -23,14 +23,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from polyfuse.errors import UntileableNest
-from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, conjuncts
+from polyfuse.ir.affine import fold_div_mod
 from polyfuse.ir.empty import init_empty_reductions
+from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, conjuncts
 from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import BOUND, BUILTIN_REDUCERS, Block, Loop, Program, Seq, Stmt
-from polyfuse.ir.visit import free_vars, substitute
+from polyfuse.ir.visit import free_vars, loads, substitute
 from polyfuse.tiling.htile import Broadcast, Dot, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes
 from polyfuse.tiling.reconcile import permute, reconcile_dim_order, union_order, unify
-from polyfuse.ir.affine import fold_div_mod
 from polyfuse.tiling.relax import bounds, relax_access
 
 _COMBINE_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
@@ -110,8 +110,6 @@ def _fission(s: Stmt) -> Stmt | None:
 
 def _tensors(s: Stmt) -> tuple[set[str], set[str]]:
     """(read, written) tensor names of the blocks in ``s``."""
-    from polyfuse.ir.visit import loads
-
     reads: set[str] = set()
     writes: set[str] = set()
     stack = [s]
@@ -288,7 +286,7 @@ class _Nest:
                 raise UntileableNest(f"block {b.name!r}: the store {store_text} does not use tile loop {a}, "
                                      f"so {self.sizes[a]} instances would write one element")
         value_expr = self.sub(st.value)
-        for ld in self._loads(value_expr):
+        for ld in loads(value_expr):
             if ld.tensor == st.tensor and ld.indices != store_indices and (out_axes or reduce_axes):
                 raise UntileableNest(f"block {b.name!r}: reads {expr_to_str(ld)} from the tensor it writes "
                                      f"at another index; the tile would read stale values")
@@ -304,12 +302,6 @@ class _Nest:
         if mask is not None:
             mask = self.fit(mask, out_axes, f"mask of {store_text}")
         return TileStore(b.name, st.tensor, index, value, mask)
-
-    @staticmethod
-    def _loads(e: Expr) -> list[Load]:
-        from polyfuse.ir.visit import loads
-
-        return loads(e)
 
     def _first(self, reduce_axes: tuple[str, ...]) -> Expr | None:
         """True where the tile holds the block's first reduce instance of an output element."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from polyfuse import deps
 from polyfuse.errors import IllegalTransform
 from polyfuse.ir.expr import Var
-from polyfuse.ir.stmt import BOUND, PARALLEL, THREAD_TAGS, UNROLLED, VECTORIZED, Program
+from polyfuse.ir.stmt import BOUND, PARALLEL, THREAD_TAGS, UNROLLED, VECTORIZED, WARPS, Program
 from polyfuse.transforms.tree import blocks_under, find_loop, rebind, replace_node
 from polyfuse.ir.validate import validate
 
@@ -45,6 +45,22 @@ def annotate(program: Program, *, block: str, loop: str, kind: str,
     if kind != UNROLLED:
         _require_no_carried_dependence(program, block, loop, what)
     new = lp.replace(kind=kind, thread=None, annotations=lp.annotations + tuple(annotations))
+    return validate(program.replace(body=replace_node(program.body, lp, new)))
+
+
+def set_warps(program: Program, *, block: str, loop: str, warps: int) -> Program:
+    """Ask for ``warps`` warps per thread block in the GPU kernel whose grid holds loop ``loop``.
+
+    A launch hint, not a reordering: always legal.  It is a ``("warps", n)`` annotation of the loop,
+    replacing an earlier one; the grid stage reads it from the kernel's grid loops (the host backend
+    ignores it).
+    """
+    what = f"set warps of loop {loop!r} (block {block!r}) to {warps!r}"
+    if isinstance(warps, bool) or not isinstance(warps, int) or not 1 <= warps <= 32:
+        raise IllegalTransform(f"{what}: warps must be an integer from 1 to 32 (a block has at most 1024 threads)")
+    lp = find_loop(program, block, loop)
+    kept = tuple((k, v) for k, v in lp.annotations if k != WARPS)
+    new = lp.replace(annotations=(*kept, (WARPS, warps)))
     return validate(program.replace(body=replace_node(program.body, lp, new)))
 
 

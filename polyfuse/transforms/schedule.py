@@ -21,6 +21,7 @@ from polyfuse.errors import IllegalTransform
 from polyfuse.ir.stmt import PARALLEL, UNROLLED, VECTORIZED, Program
 from polyfuse.transforms.annotate import annotate as _annotate
 from polyfuse.transforms.annotate import bind as _bind
+from polyfuse.transforms.annotate import set_warps as _set_warps
 from polyfuse.transforms.compact import outside_allocation
 from polyfuse.transforms.fuse import fuse as _fuse
 from polyfuse.transforms.reorder import reorder as _reorder
@@ -235,6 +236,12 @@ class Schedule:
 
     def parallel(self, loop: LoopRef) -> None:
         self.annotate(loop, PARALLEL)
+
+    def warps(self, loop: LoopRef, warps: int) -> None:
+        """Run the GPU kernel whose grid holds ``loop`` with ``warps`` warps per thread block (a launch hint;
+        without it the device's default, :class:`~polyfuse.device.DeviceSpec`)."""
+        self._apply("warps", {"loop": loop, "warps": warps},
+                    lambda p: _set_warps(p, block=loop.block, loop=loop.name, warps=warps))
 
     def bind(self, loop: LoopRef, thread: str) -> None:
         """Bind a loop to a GPU index (``blockIdx.x`` … ``threadIdx.z``)."""

@@ -22,13 +22,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from polyfuse.emit_cpp.parallel import ALLOC, allocated_at, parallel_depth, perfect_chain
+from polyfuse.tiling.parallel import ALLOC, allocated_at, parallel_depth, perfect_chain
 from polyfuse.ir.expr import Expr
-from polyfuse.ir.stmt import TEMP, Loop, Seq, Stmt, Tensor
+from polyfuse.ir.stmt import TEMP, WARPS, Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import TileLoad, TileProgram, TileStore, map_tile_expr, walk_tile_expr, walk_tile_stmts
 
 CTA = "cta"
 MAP = "map"
+
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,15 @@ class GridNest:
     """One kernel: ``kind`` (:data:`CTA` or :data:`MAP`), its grid loops and the per-CTA body.
 
     ``shared`` names the temporaries that live in the CTA's shared memory (allocated at the last
-    grid loop or inside the body).
+    grid loop or inside the body); ``warps`` is the block size a schedule asked for (a ``warps``
+    annotation of a grid loop, :meth:`~polyfuse.transforms.schedule.Schedule.warps`), None if none did.
     """
 
     kind: str
     chain: tuple[Loop, ...]
     body: Stmt
     shared: tuple[str, ...]
+    warps: int | None = None
 
 
 def partition(program: TileProgram) -> tuple[TileProgram, tuple[GridNest, ...]]:
@@ -59,13 +62,22 @@ def partition(program: TileProgram) -> tuple[TileProgram, tuple[GridNest, ...]]:
         for piece in _distribute(s, tensors):
             depth = parallel_depth(piece)
             if depth == 0:
-                nests.append(GridNest(CTA, (), piece, _allocated_within(piece)))
+                nests.append(GridNest(CTA, (), piece, _allocated_within(piece), _warps((piece,))))
                 continue
             chain = tuple(perfect_chain(piece)[:depth])
             body = chain[-1].body
-            nests.append(GridNest(CTA, chain, body, allocated_at(chain[-1]) + _allocated_within(body)))
+            nests.append(GridNest(CTA, chain, body, allocated_at(chain[-1]) + _allocated_within(body), _warps(chain)))
     new = dataclasses.replace(program, tensors=tuple(tensors[t.name] for t in program.tensors))
     return new, tuple(nests)
+
+
+def _warps(chain: tuple[Loop, ...]) -> int | None:
+    """The ``warps`` annotation of the first loop of ``chain`` that has one."""
+    for lp in chain:
+        for k, v in lp.annotations:
+            if k == WARPS:
+                return int(v)  # type: ignore[call-overload]
+    return None
 
 
 def _flatten(s: Stmt) -> list[Stmt]:

@@ -1,0 +1,86 @@
+"""The code generator's choices, in one frozen object passed down explicitly.
+
+Every choice the GPU code generator makes that is not forced by the program or the device is a field of
+:class:`CodegenOptions`: which optimisations run, how many warps a block has, how far loops unroll.  The
+defaults are the choices measured fastest on the GPU machine (the measurements are in
+``benchmarks/results/``); a test or an autotuner sets another value by passing other options in the
+:class:`~polyfuse.emit_cpp.target.Target`, never by changing a module.  The options are printed at the top
+of every generated source, so they are part of the kernel cache's key (which hashes the source).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from polyfuse.errors import PolyfuseError
+
+
+@dataclass(frozen=True)
+class CodegenOptions:
+    """Options of the GPU code generator (the host backend ignores them).
+
+    ``fast_exp``: f32 ``exp`` as ``__expf`` in CUDA programs whose outputs are all 16-bit floats (its error,
+    at most ``2 + 1.173·|x|`` ulp, stays below such an output's rounding; HIP keeps the accurate one).
+    ``warps``: warps of a block kernel where the schedule does not say (``warps`` annotation of a grid
+    loop); None takes the device's default.  ``map_threads``: threads of a map kernel's blocks.
+    ``min_blocks``: a block kernel whose shared memory lets at most this many blocks reside on an SM asks
+    ``__launch_bounds__`` for registers that let them all reside (None asks nothing).
+    ``element_unroll``: unroll factor of the loops over a thread's elements.  ``unroll_reduce``: a reduction
+    with one thread per output over at most this many steps is unrolled.
+    ``tensor_cores``: dots on tensor cores where the device has them (``mma.sync``).
+    ``row_groups``: runs of row statements in one pass (:mod:`~polyfuse.emit_cpp.rows`).
+    ``register_accumulators``: rolling dot accumulators in registers across their loop
+    (:mod:`~polyfuse.emit_cpp.registers`).  ``resident``/``resident_elements``: small temporaries a loop
+    updates in place kept in shared memory across it (:mod:`~polyfuse.emit_cpp.resident`).
+    ``presplit``: f32 inputs that several blocks multiply split once into bf16 parts by a kernel of their
+    own (:mod:`~polyfuse.emit_cpp.presplit`).  ``async_staging``: raw 16-bit operands staged by
+    ``cp.async``.  ``keep_invariant``: a loop's operand tiles that do not change with it copied once;
+    ``share_tiles``: a dot reads another dot's tile of the same iteration where it holds its operand
+    (:mod:`~polyfuse.emit_cpp.stream`).  ``paired_b``: split-operand dots load two ``b`` tiles per
+    ``ldmatrix.x4``.  ``split_k``/``split_k_tiles``/``split_k_steps``: a tensor-core dot with few output tiles
+    and a long ``k`` splits ``k`` among its warps (:func:`~polyfuse.emit_cpp.dotplan.k_groups`).
+    ``stage_group``: elements a thread converts and stores together when staging an operand without
+    vector reads.
+    """
+
+    fast_exp: bool = True
+    warps: int | None = None
+    map_threads: int = 256
+    min_blocks: int | None = 3
+    element_unroll: int = 4
+    unroll_reduce: int = 16
+    tensor_cores: bool = True
+    row_groups: bool = True
+    register_accumulators: bool = True
+    resident: bool = True
+    resident_elements: int = 1024
+    presplit: bool = True
+    async_staging: bool = True
+    keep_invariant: bool = True
+    share_tiles: bool = True
+    paired_b: bool = True
+    split_k: bool = True
+    split_k_tiles: int = 2
+    split_k_steps: int = 16
+    stage_group: int = 4
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or value is None:
+                continue
+            if not isinstance(value, int) or value < 1:
+                raise PolyfuseError(f"CodegenOptions.{f.name} must be a positive integer, got {value!r}")
+        if self.warps is not None and self.warps > 32:
+            raise PolyfuseError(f"CodegenOptions.warps is {self.warps}; a block has at most 32 warps (1024 threads)")
+
+    def describe(self) -> str:
+        """``name=value`` for every option, in field order (printed in the source header)."""
+        return " ".join(f"{f.name}={_text(getattr(self, f.name))}" for f in dataclasses.fields(self))
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return "auto" if value is None else str(value)

@@ -1,0 +1,554 @@
+"""The GPU kernel plan: every decision of the CUDA/HIP code generator, made before any text is written.
+
+:func:`plan_program` walks a :class:`~polyfuse.tiling.gpu.GpuProgram` once per kernel and returns a
+:class:`ProgramPlan`; the printer (:mod:`polyfuse.emit_cpp.cuda`) only reads it.  Where each decision is made:
+
+* threads per block: the schedule's ``warps`` (grid stage), else the options', else the device's default;
+  a map kernel gets the options' ``map_threads``;
+* f32 inputs split into bf16 parts before the kernels: :mod:`polyfuse.emit_cpp.presplit`;
+* per loop (:class:`LoopPlan`): rolling accumulators in registers (:mod:`~polyfuse.emit_cpp.registers`),
+  small temporaries resident in shared memory (:mod:`~polyfuse.emit_cpp.resident`), operand tiles the loop
+  keeps (:mod:`~polyfuse.emit_cpp.stream`);
+* per sequence of statements: row groups (:mod:`~polyfuse.emit_cpp.rows`);
+* per statement (:class:`StmtPlan`): whether it is computed in its tensor-core dot's epilogue (and then in
+  registers), which nodes get arrays of their own, and a :class:`~polyfuse.emit_cpp.dotplan.DotPlan` for
+  every dot (:mod:`~polyfuse.emit_cpp.dotplan`);
+* shared memory: the kernel's temporaries (rows padded so that row-wise accesses spread over the banks), the
+  loops' buffers and each statement's scratch, allocated as a stack; the peak is checked against the
+  :class:`~polyfuse.device.DeviceSpec` before printing — where kept tiles would exceed it, the kernel is
+  planned again without them — and decides ``__launch_bounds__`` (the options' ``min_blocks``).
+
+``str(plan)`` is what ``polyfuse show OP --stage plan`` prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from polyfuse.device import DeviceSpec
+from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp.cfamily import (
+    COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, materializations, reduce_lanes, static_numel, walk_unmaterialized,
+    worth_hoisting,
+)
+from polyfuse.emit_cpp.dotplan import (
+    BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, Frame, OperandPlan, Staged, dot_pitch, few_outputs,
+    k_groups, mma_type, presplit_parts, raw_staging, staging, warp_tiling,
+)
+from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.emit_cpp.target import Target, entry_name
+from polyfuse.errors import InternalError, UnsupportedPattern
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.stmt import Loop, Seq, Stmt, Tensor
+from polyfuse.tiling.gpu import GpuProgram, lower_for_gpu
+from polyfuse.tiling.grid import MAP, GridNest
+from polyfuse.tiling.htile import (
+    Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, axis_sizes, depends_on, tile_children,
+    walk_tile_expr,
+)
+from polyfuse.tiling.parallel import unit_loop
+
+_CHEAP_CALLS = ("neg", "not", "abs")
+
+
+@dataclass(frozen=True)
+class SharedTemporary:
+    """A temporary of the kernel in shared memory: ``bytes`` of ``ctype``; rows of dimension ``padded`` are
+    ``pitch`` elements apart (None: dense)."""
+
+    name: str
+    ctype: str
+    nbytes: int
+    padded: int | None = None
+    pitch: int | None = None
+
+
+@dataclass(frozen=True)
+class StmtPlan:
+    """How one tile statement is computed.
+
+    ``in_place``: in the epilogue of its one tensor-core dot (``dot``), into registers if ``in_registers``
+    (its loop's accumulator), else written to memory element by element; ``materialize``: the nodes that get
+    arrays of their own, in order; ``dots``: the plan of each materialized dot; ``row_values``: the parts of
+    an in-place value read once per fragment row; ``scratch``: shared-memory bytes the statement takes.
+    """
+
+    block: str
+    in_place: bool
+    in_registers: bool
+    dot: DotPlan | None
+    materialize: tuple[Expr, ...]
+    dots: Mapping[Expr, DotPlan]
+    row_values: tuple[Expr, ...]
+    scratch: int
+
+
+@dataclass(frozen=True)
+class LoopPlan:
+    """What one loop keeps across its iterations: register accumulators (by block; ``stored``: those its
+    statements use, written back after the loop), resident temporaries, kept operand tiles."""
+
+    var: str
+    accumulators: Mapping[str, registers.Accumulator]
+    stored: tuple[str, ...]
+    resident: tuple[resident.Resident, ...]
+    streams: stream.StreamPlan | None
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """One kernel: its kind, threads, grid, shared memory (temporaries and peak) and the plans of its
+    loops, sequences and statements (keyed by the identity of the tile program's nodes)."""
+
+    name: str
+    nest: GridNest
+    threads: int
+    warp: int
+    shared: tuple[SharedTemporary, ...] = ()
+    peak: int = 0
+    min_blocks: int | None = None
+    blocks_per_sm: int | None = None
+    keeps_tiles: bool = True
+    loops: Mapping[int, LoopPlan] = field(default_factory=dict)
+    seqs: Mapping[int, tuple[Stmt | rows.RowGroup, ...]] = field(default_factory=dict)
+    stmts: Mapping[int, StmtPlan] = field(default_factory=dict)
+    unit_vars: tuple[Var, ...] = ()
+
+    def describe(self) -> str:
+        return "\n".join(_describe_kernel(self))
+
+
+@dataclass(frozen=True)
+class ProgramPlan:
+    """The plan of every kernel of a program, the inputs split before them, and what it was planned for."""
+
+    device: DeviceSpec
+    options: CodegenOptions
+    tensor_cores: bool
+    presplit: Mapping[str, tuple[Tensor, Tensor]]
+    kernels: tuple[KernelPlan, ...]
+
+    def __str__(self) -> str:
+        lines = [f"device: {self.device.describe()}", f"options: {self.options.describe()}"]
+        for name, (hi, lo) in self.presplit.items():
+            lines.append(f"split kernel: {name} into bf16 {hi.name} + {lo.name} before the kernels")
+        for k in self.kernels:
+            lines.append("")
+            lines += _describe_kernel(k)
+        return "\n".join(lines) + "\n"
+
+
+def gpu_plan(program: TileProgram, target: Target) -> tuple[GpuProgram, ProgramPlan]:
+    """The GPU stages of ``program`` (:func:`~polyfuse.tiling.gpu.lower_for_gpu`) and the plan of its kernels
+    for ``target``'s device and options."""
+    if target.device is None:
+        raise InternalError(f"a GPU plan needs a device; target {target.backend!r} has none")
+    gpu = lower_for_gpu(program)
+    tensor_cores = target.device.mma_sync and target.options.tensor_cores
+    return gpu, plan_program(gpu, entry_name(program.name), target.device, target.options, tensor_cores)
+
+
+def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: CodegenOptions,
+                 tensor_cores: bool) -> ProgramPlan:
+    """The plan of every kernel of ``gpu`` (kernels named ``{entry}_k{n}``) for ``device``."""
+    tensors = {t.name: t for t in gpu.program.tensors}
+    shared_names = frozenset(n for nest in gpu.nests for n in nest.shared)
+
+    def threads_of(nest: GridNest) -> int:
+        if nest.kind == MAP:
+            return options.map_threads
+        return (nest.warps or options.warps or device.default_warps) * device.warp_size
+
+    def frame_of(nest: GridNest) -> Frame:
+        return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
+                     tuple(lp.var for lp in nest.chain if unit_loop(lp)))
+
+    split = presplit.plan(gpu.nests, frame_of)
+    kernels = []
+    for k, nest in enumerate(gpu.nests):
+        base = frame_of(nest)
+        frame = Frame({}, base.threads, base.warp, tensor_cores, options, tensors, shared_names, split, base.unit_vars)
+        kernels.append(_plan_kernel(nest, f"{entry}_k{k}", frame, device))
+    return ProgramPlan(device, options, tensor_cores, split, tuple(kernels))
+
+
+def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
+    """A kernel's plan; planned again without kept tiles where they would take more shared memory than a
+    block may have, and refused (UnsupportedPattern) where it still does."""
+    if nest.kind == MAP:
+        return KernelPlan(name, nest, frame.threads, frame.warp)
+    plan = _Planner(nest, name, frame, keep_tiles=True).run()
+    if plan.peak > device.shared_per_block:
+        plan = _Planner(nest, name, frame, keep_tiles=False).run()
+    if plan.peak > device.shared_per_block:
+        raise UnsupportedPattern(f"kernel {name} needs {plan.peak} bytes of shared memory (tiles and their "
+                                 f"temporaries); a block may use {device.shared_per_block} on {device.arch}. "
+                                 f"Use smaller tiles in the schedule")
+    resident_blocks = device.blocks_per_sm(plan.peak)
+    min_blocks = frame.options.min_blocks
+    asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
+    return KernelPlan(name, nest, plan.threads, plan.warp, plan.shared, plan.peak, asked, resident_blocks,
+                      plan.keeps_tiles, plan.loops, plan.seqs, plan.stmts, plan.unit_vars)
+
+
+class _Planner:
+    """One walk over a block kernel's body, in the order the printer emits it, recording every decision and
+    the shared memory each takes (a stack: a statement's scratch is freed after it, a loop's buffers after
+    the loop)."""
+
+    def __init__(self, nest: GridNest, name: str, frame: Frame, keep_tiles: bool):
+        self.nest, self.name, self.frame, self.keep_tiles = nest, name, frame, keep_tiles
+        self.scratch = self.peak = 0
+        self.shared_names = set(frame.shared_names)
+        self.loops: dict[int, LoopPlan] = {}
+        self.seqs: dict[int, tuple[Stmt | rows.RowGroup, ...]] = {}
+        self.stmts: dict[int, StmtPlan] = {}
+        self.accumulators: dict[str, registers.Accumulator] = {}
+        self.streams: stream.StreamPlan | None = None
+        self.streaming = False
+        self.counter = 0
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"pf_{hint}{self.counter}"
+
+    def take(self, nbytes: int) -> None:
+        self.scratch += -(-nbytes // 16) * 16
+        self.peak = max(self.peak, self.scratch)
+
+    def here(self, sizes: Mapping[str, int]) -> Frame:
+        return Frame(dict(sizes), self.frame.threads, self.frame.warp, self.frame.tensor_cores, self.frame.options,
+                     self.frame.tensors, frozenset(self.shared_names), self.frame.presplit, self.frame.unit_vars)
+
+    def run(self) -> KernelPlan:
+        shared = []
+        for t in self.nest.shared:
+            tensor = self.frame.tensors[t]
+            size = static_numel(tensor)
+            if size is None:
+                raise UnsupportedPattern(f"temporary {t!r} lives in shared memory per block but its shape "
+                                         f"{list(map(str, tensor.shape))} is not static; give it a constant shape")
+            dims = [int(d.value) for d in tensor.shape]
+            inner = max((d for d, n in enumerate(dims) if n > 1), default=0)
+            ctype = STORAGE_TYPES[tensor.dtype.name]
+            padded = pitch = None
+            if inner > 0 and dims[inner] % 32 == 0 and size > dims[inner]:
+                # Rows 8 words apart in the banks: the row reductions and the tensor-core epilogues that touch
+                # several rows at once hit different banks.  (Trailing axes of size 1 are indexed by 0, so the
+                # last axis longer than 1 gets the padding.)
+                padded, pitch = inner, dims[inner] + 8
+                size = size // dims[inner] * pitch
+            shared.append(SharedTemporary(t, ctype, size * SIZEOF[ctype], padded, pitch))
+            self.take(size * SIZEOF[ctype])
+        self.stmt(self.nest.body)
+        return KernelPlan(self.name, self.nest, self.frame.threads, self.frame.warp, tuple(shared), self.peak,
+                          keeps_tiles=self.keep_tiles, loops=self.loops, seqs=self.seqs, stmts=self.stmts,
+                          unit_vars=self.frame.unit_vars)
+
+    # ------------------------------------------------------------ statements
+    def stmt(self, s: Stmt) -> None:
+        if isinstance(s, Seq):
+            frame = self.here({})
+            parts = tuple(rows.split(frame, rows.reorder(frame, list(s.stmts))))
+            self.seqs[id(s)] = parts
+            for part in parts:
+                if not isinstance(part, rows.RowGroup):
+                    self.stmt(part)
+        elif isinstance(s, Loop):
+            self.loop(s)
+        elif isinstance(s, TileStore):
+            self.store(s)
+        else:
+            raise InternalError(f"GPU planner: unknown statement {type(s).__name__}")
+
+    def loop(self, s: Loop) -> None:
+        frame = self.here({})
+        accumulators = registers.plan(frame, s, self.fresh) if frame.tensor_cores else {}
+        outer, self.accumulators = self.accumulators, accumulators
+        kept_at = self.scratch
+        kept = resident.plan(frame, s, {acc.store.tensor.name for acc in accumulators.values()}, self.fresh)
+        for r in kept:
+            self.take(r.nbytes)
+        added = {r.tensor for r in kept} - self.shared_names
+        self.shared_names |= added
+        streams = None
+        if frame.tensor_cores and not self.streaming and self.keep_tiles:
+            streams = stream.plan(self.here({}), s, self.fresh)
+        for tile in streams.kept if streams is not None else ():
+            self.take(tile.nbytes)
+        outer_streams, self.streams = self.streams, streams
+        self.streaming = streams is not None
+        in_registers = len(self.stmts)
+        self.stmt(s.body)
+        self.streaming = False
+        self.streams = outer_streams
+        self.shared_names -= added
+        self.scratch = kept_at
+        self.accumulators = outer
+        used = {p.block for p in list(self.stmts.values())[in_registers:] if p.in_registers}
+        stored = tuple(b for b in accumulators if b in used)
+        self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams)
+
+    def store(self, s: TileStore) -> None:
+        frame = self.here(axis_sizes(s))
+        mark = self.scratch
+        plan = self.in_place(frame, s) or self.elementwise(frame, s)
+        self.take(plan.scratch)
+        self.scratch = mark
+        self.stmts[id(s)] = plan
+
+    def elementwise(self, frame: Frame, s: TileStore, done: tuple[Expr, ...] = (),
+                    dots: Mapping[Expr, DotPlan] | None = None) -> StmtPlan:
+        """A statement whose reductions and dots get arrays of their own (after ``done``, already made)."""
+        order = list(done)
+        hoist = _hoisting(None)
+        for e in [s.value] + ([s.mask] if s.mask is not None else []):
+            order += materializations(e, order, hoist)
+        if any(isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
+               for n in walk_unmaterialized(s.value, set(order))):
+            order.append(s.value)
+        plans = dict(dots or {})
+        scratch = 0
+        for e in order:
+            nbytes, dot = self.materialized(frame, e)
+            scratch += -(-nbytes // 16) * 16
+            if dot is not None:
+                plans[e] = dot
+        return StmtPlan(s.block, False, False, None, tuple(order), plans, (), scratch)
+
+    def materialized(self, frame: Frame, e: Expr) -> tuple[int, DotPlan | None]:
+        """Shared memory of ``e``'s array and of what computing it takes, and its dot plan if a dot."""
+        axes = axes_of(e)
+        size = math.prod(frame.sizes[a] for a in axes)
+        ct = COMPUTE_TYPES[e.dtype.name]
+        if isinstance(e, Dot):
+            dot = self.dot(frame, e, axes, split_k=True)
+            rows_ = size // frame.sizes[axes[-1]] if dot.pitch else 1
+            return _a(((rows_ * dot.pitch) if dot.pitch else size) * SIZEOF[ct]) + self.dot_scratch(frame, e, dot), dot
+        if isinstance(e, Reduce):
+            return _a(size * SIZEOF[ct]) + _block_reduce_scratch(frame, e, size), None
+        return _a(size * SIZEOF[ct]), None
+
+    def dot_scratch(self, frame: Frame, e: Dot, dot: DotPlan) -> int:
+        """Shared memory the computation of dot ``e`` takes (its result array aside)."""
+        if dot.instruction == MMA_SYNC:
+            assert dot.a is not None and dot.b is not None
+            return _a(dot.a.own_bytes) + _a(dot.b.own_bytes) + _a(dot.kpart_bytes(frame.warp))
+        if dot.instruction == BLOCK_REDUCE:
+            size = math.prod(frame.sizes[a] for a in axes_of(e))
+            ct = COMPUTE_TYPES[e.dtype.name]
+            return _a(size * (8 if ct == "double" else 4)) + _block_reduce_scratch(frame, Reduce("sum", e.a, e.axis),
+                                                                                 size, ct)
+        if dot.instruction == FMA:
+            size = 8 if COMPUTE_TYPES[e.dtype.name] == "double" else 4
+            return _a(dot.m * dot.k * size) + _a(dot.k * dot.n * size)
+        return 0
+
+    def dot(self, frame: Frame, e: Dot, axes: tuple[str, ...], split_k: bool, in_place: bool = False) -> DotPlan:
+        k = e.axis
+        m_axes = tuple(x for x in axes_of(e.a) if x != k)
+        n_axes = tuple(x for x in axes_of(e.b) if x != k and x not in m_axes)
+        batch = tuple(x for x in axes_of(e.b) if x != k and x in m_axes)
+        mm = math.prod(frame.sizes[x] for x in m_axes)
+        nn = math.prod(frame.sizes[x] for x in n_axes)
+        kk = frame.sizes[k]
+        low = mma_type(frame, e)
+        if low is None:
+            instruction = PER_OUTPUT if batch else BLOCK_REDUCE if few_outputs(frame, e) else FMA
+            return DotPlan(instruction, mm, nn, kk)
+        a, b = staging(frame, e)
+        ops = (self.operand(frame, a, low), self.operand(frame, b, low))
+        mtiles, groups, per = warp_tiling(frame, a.rows_pad, b.rows_pad)
+        kgroups = k_groups(frame, mtiles, b.rows_pad // 8, a.kp // 16) if split_k else 1
+        if kgroups > 1:
+            per = frame.options.split_k_tiles
+            groups = b.rows_pad // 8 // per
+        ntiles = b.rows_pad // 8
+        split = ops[0].staged.split or ops[1].staged.split
+        pair = 2 if frame.options.paired_b and per % 2 == 0 and ntiles % 2 == 0 and split else 1
+        pitch = None if in_place else dot_pitch(frame, e, axes)
+        return DotPlan(MMA_SYNC, mm, nn, kk, low, ops[0], ops[1], mtiles, groups, per, kgroups, pair, pitch, M16N8)
+
+    def operand(self, frame: Frame, op: Staged, low: DType) -> OperandPlan:
+        """Where a tensor-core operand comes from: its loop's kept tiles, cp.async copies (of the operand or
+        of the parts of a tensor split before the kernels), 128-bit copies, or conversion."""
+        if self.streams is not None:
+            found = self.streams.source(self.block, op)
+            if found is not None:
+                return found
+        halves = presplit_parts(frame, op)
+        if halves is not None:
+            parts = [Staged(h, op.rows, op.rows_pad, op.rows_axes, op.trans, op.stride, False, op.size, op.k, op.kk,
+                            op.kp) for h in halves]
+            if all(raw_staging(part, low) is not None for part in parts):
+                return OperandPlan(op, "cp.async", parts=((parts[0], 0), (parts[1], op.size)))
+        raw = not op.split and raw_staging(op, low) is not None
+        if raw and frame.options.async_staging:
+            return OperandPlan(op, "cp.async", parts=((op, 0),))
+        return OperandPlan(op, "raw" if raw else "converted")
+
+    def in_place(self, frame: Frame, s: TileStore) -> StmtPlan | None:
+        """The plan of ``s`` computed in the epilogue of its tensor-core dot, if it can be (see
+        :meth:`~polyfuse.emit_cpp.cuda.CudaEmitter.dot_in_place`); a statement that cannot after all, its
+        value's operands already materialized, is planned element by element after them."""
+        self.block = s.block
+        dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
+        acc = self.accumulators.get(s.block)
+        in_registers = acc is not None and acc.store == s
+        shared = s.tensor.name in self.shared_names
+        axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
+        if (len(dots) != 1 or s.mask is not None or s.reducer is not None
+                or not (shared or in_registers) or set(axes) != set(axes_of(dots[0]))
+                or mma_type(frame, dots[0]) is None or not _elementwise_path(s.value, dots[0])):
+            return None
+        e = dots[0]
+        own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
+        n_axes = staging(frame, e)[1].rows_axes
+        if any(isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
+               for n in walk_unmaterialized(s.value, {e})) or any(
+                isinstance(n, TileLoad) and n.tensor.name == s.tensor.name and n.index != s.index
+                for n in walk_tile_expr(e.acc)):
+            return None
+        first = materializations(s.value, {e}, _hoisting((e, own, n_axes)))
+        if in_registers and any(n in own for m in first for n in walk_tile_expr(m)):
+            in_registers = False  # a hoisted operand reads the accumulator: it must stay in memory
+            if not shared:
+                return self.elementwise(frame, s, tuple(first), {})
+        scratch = 0
+        plans: dict[Expr, DotPlan] = {}
+        for m in first:
+            nbytes, dot = self.materialized(frame, m)
+            scratch += nbytes
+            if dot is not None:
+                plans[m] = dot
+        dot = self.dot(frame, e, axes, split_k=not in_registers, in_place=True)
+        scratch += self.dot_scratch(frame, e, dot)
+        values = tuple(_row_values(s.value, e, own, n_axes))
+        return StmtPlan(s.block, True, in_registers, dot, tuple(first), plans, values, scratch)
+
+    block = ""
+
+
+def _a(n: int) -> int:
+    return -(-n // 16) * 16
+
+
+def _block_reduce_scratch(frame: Frame, e: Reduce, outputs: int, ct: str | None = None) -> int:
+    """Shared memory of a block reduction of ``outputs`` outputs: one partial per warp, when an output needs
+    more lanes than a warp has."""
+    lanes = reduce_lanes(frame.threads, outputs, frame.sizes[e.axis])
+    if lanes <= frame.warp:
+        return 0
+    ctype = ct or ("int" if e.op == "or" else COMPUTE_TYPES[e.dtype.name])
+    return _a(frame.warps * SIZEOF[ctype])
+
+
+def _hoisting(per_row: tuple[Expr, set, tuple[str, ...]] | None) -> Callable[[Expr], bool]:
+    """Whether a broadcast's operand is worth an array of its own on a GPU: only costly ones (a pass through
+    shared memory and a barrier).  A math function or a division is computed once per element of its own
+    axes; index arithmetic, comparisons and selects are cheaper to recompute than to share, and so is integer
+    arithmetic of loop variables alone.  In a dot's epilogue (``per_row``), a value the same along the dot's
+    columns is computed once per fragment row instead (:func:`_row_values`)."""
+    def hoist(e: Expr) -> bool:
+        if per_row is not None and _per_row(e, *per_row):
+            return False
+        return worth_hoisting(e) and any(
+            (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
+            or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow") and (n.dtype.is_float or axes_of(n)))
+            for n in walk_tile_expr(e))
+    return hoist
+
+
+def _row_values(value: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> list[Expr]:
+    """The largest parts of a dot epilogue's ``value`` that are the same along the dot's columns
+    (``n_axes``): the repair factors and statistics of a rolling update, read once per row of the
+    thread's fragment instead of once per element.  Not the dot, the accumulator's own elements,
+    reductions, or integer division (whose divisor a select may guard)."""
+    found: list[Expr] = []
+
+    def visit(x: Expr) -> None:
+        if isinstance(x, (Var, Const, Reduce)) or x == dot or x in own or x in found:
+            return
+        if _per_row(x, dot, own, n_axes):
+            if any(isinstance(n, (TileLoad, Var)) for n in walk_tile_expr(x)):
+                found.append(x)  # (a constant stays in the text: the compiler folds it)
+            return
+        for c in tile_children(x):
+            visit(c)
+
+    visit(value)
+    return found
+
+
+def _per_row(x: Expr, dot: Expr, own: set, n_axes: tuple[str, ...]) -> bool:
+    """Whether a dot epilogue computes ``x`` once per fragment row: it is the same along the dot's
+    columns and holds no dot, accumulator element, reduction or integer division."""
+    if any(depends_on(x, a) for a in n_axes):
+        return False
+    for n in walk_tile_expr(x):
+        if n == dot or n in own or isinstance(n, (Reduce, Dot)):
+            return False
+        if isinstance(n, BinOp) and n.op in ("//", "%", "/") and n.dtype.is_int:
+            return False
+    return True
+
+
+def _elementwise_path(root: Expr, target: Expr) -> bool:
+    """Whether ``target`` is reached from ``root`` through elementwise nodes only (no reduction)."""
+    if root is target or root == target:
+        return True
+    if isinstance(root, (Reduce, Dot)):
+        return False
+    return any(_elementwise_path(c, target) for c in tile_children(root))
+
+
+def _describe_kernel(k: KernelPlan) -> list[str]:
+    nest = k.nest
+    grid = " x ".join(f"{lp.var.name} < {lp.extent}" for lp in nest.chain) or "one block"
+    if nest.kind == MAP:
+        return [f"kernel {k.name} (map): one element per thread, {k.threads} threads per block"]
+    lines = [f"kernel {k.name} (block): grid {grid}; {k.threads} threads ({k.threads // k.warp} warps of {k.warp})"]
+    bounds = f", __launch_bounds__ asks for {k.min_blocks} blocks per SM" if k.min_blocks else ""
+    lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{bounds}"
+                 + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
+    for t in k.shared:
+        pad = f", rows padded to {t.pitch}" if t.pitch else ""
+        lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype}{pad}")
+    _describe_stmt(k, nest.body, lines, "  ")
+    return lines
+
+
+def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> None:
+    if isinstance(s, Seq):
+        for part in k.seqs.get(id(s), s.stmts):
+            if isinstance(part, rows.RowGroup):
+                lines.append(f"{indent}{part.describe()}")
+            else:
+                _describe_stmt(k, part, lines, indent)
+    elif isinstance(s, Loop):
+        lp = k.loops[id(s)]
+        lines.append(f"{indent}loop {lp.var} < {s.extent}:")
+        for block in lp.stored:
+            lines.append(f"{indent}  registers: {lp.accumulators[block].describe()}")
+        for r in lp.resident:
+            lines.append(f"{indent}  resident: {r.tensor} in shared memory {r.name} ({r.nbytes} bytes)")
+        for text in lp.streams.describe() if lp.streams is not None else ():
+            lines.append(f"{indent}  kept: {text}")
+        _describe_stmt(k, s.body, lines, indent + "  ")
+    elif isinstance(s, TileStore):
+        p = k.stmts[id(s)]
+        how = ("in the epilogue of its dot, " + ("in registers" if p.in_registers else "written in place")
+               if p.in_place else "element by element")
+        lines.append(f"{indent}{s.block}: {how}; {p.scratch} bytes of scratch")
+        if p.row_values:
+            lines.append(f"{indent}  per fragment row: {len(p.row_values)} value(s)")
+        for e in p.materialize:
+            kind = "dot" if isinstance(e, Dot) else "reduce" if isinstance(e, Reduce) else "value"
+            lines.append(f"{indent}  array for a {kind} over ({', '.join(axes_of(e))})")
+            if e in p.dots:
+                lines += [f"{indent}    {t}" for t in p.dots[e].describe().splitlines()]
+        if p.dot is not None:
+            lines += [f"{indent}  dot: {t}" for t in p.dot.describe().splitlines()]

@@ -1,0 +1,113 @@
+"""The choices of the GPU schedules of the catalog, in one object an autotuner can vary.
+
+:func:`~polyfuse.ops.schedules.default_schedule` takes a :class:`GpuTuning` for GPU targets beside the
+:class:`~polyfuse.device.DeviceSpec`: the device says what the GPU has (SMs, shared memory per SM and per
+block), the tuning what the schedule makes of it (tile sizes, heads per block, blocks per SM the split rules
+aim at, warps per block).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from polyfuse.errors import PolyfuseError
+
+
+@dataclass(frozen=True)
+class GpuTuning:
+    """The choices of the GPU schedules, as opposed to the facts of the device (SMs, shared memory: the
+    :class:`~polyfuse.device.DeviceSpec`): tile sizes, heads per block, what the split rules aim at.
+
+    One object, so that an autotuner can vary them per operator and device and pass them to
+    :func:`~polyfuse.ops.schedules.default_schedule`; the defaults are the choices measured best on the H200
+    (the figures kept below).  ``warps``, where set, asks every kernel of a GPU plan for that many warps per
+    block (a ``warps`` annotation of each top-level loop, :meth:`~polyfuse.transforms.schedule.Schedule.warps`);
+    without it the code generator's default applies.
+    """
+
+    prefill_tile: tuple[int, int] = (32, 64)
+    """Query rows × key columns per thread block of fused prefill attention on GPUs.
+
+    Measured on the H200 (causal, S=4096, d=128, 8 warps): 32×64 11.9 ms, 16×64 12.3, 64×64 16.8,
+    32×32 14.4, 32×128 14.0."""
+    decode_heads: int = 16
+    """Most query heads per thread block of fused decode attention on GPUs (the M of its tile products).
+
+    The query heads that share a kv head form the rows of the block's tile, so the block reads each key
+    and value once for all of them.  16 fills one m16n8k16 tensor-core row tile.  With MLA's qk dim 576 and
+    64-key tiles the generated partial kernel needs about 110 KB of shared memory with 16 heads and 150 KB
+    with 32; with 64 heads the combine kernel (64 rows of 512 partial sums) exceeds the 227 KB limit."""
+    decode_tile: int = 128
+    """Keys per step of the rolling loop inside one split (the N of the score product, the K of the value
+    product), before the shared-memory budget below shrinks it.  Measured on the H200 (attn_global decode
+    B=32 H=64 Skv=4096, ms): 64 1.59, 128 1.27, 256 1.52; 2 splits of 2048 keys instead of none 1.33.
+    MLA decode B=32 with 16 warps instead of 8: 0.643 against 0.670 ms (left at 8)."""
+    decode_tile_bytes: int = 80 * 1024
+    """Shared memory for the f16 key tile (keys × (qk dim + 8 padding) × 2 bytes): the tile halves until it fits
+    (MLA, qk dim 576: 64 keys; qk dim 128: 128 keys), and until the key tile and the query rows fit in what one
+    block may use (``DeviceSpec.shared_per_block``)."""
+    decode_blocks_per_sm: int = 8
+    """Thread blocks per SM the split rule aims at for the partial kernel (1056 on the H200's 132 SMs), so that
+    enough key tiles stream at once; ``decode_min_split`` bounds the splits from above.  Measured on the
+    H200 (partials and combine included): MHA causal B=1 H=32 Skv=32768 0.312 ms with 264 blocks (9 splits),
+    0.192 with 1056 (32); MHA global B=1 H=16 0.100 → 0.077; but MLA 0.427 → 1.08 and GQA 0.103 → 0.180 when
+    the same target cuts their splits to 256 keys, which the minimum below prevents."""
+    decode_waves: int = 2
+    """Most waves of resident partial blocks the decode split rule aims at.  Where a block's tiles leave room for
+    few blocks per SM (MLA: a 64 × 584 key tile and 16 query rows of 584, two blocks), ``decode_blocks_per_sm``
+    would mean many waves of short blocks, each of which pays the query tile, its partial results and their
+    combine: MLA decode B=32 measured 0.406 ms with 4 splits, 0.388 with 2 (H200, 2 blocks per SM)."""
+    decode_min_split: int = 1024
+    """Fewest keys per split when the keys are split (the combine reads one partial result per split: below
+    about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
+    combine_columns: int = 32
+    """Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
+    is otherwise one block per head group: 8 blocks at MLA's B=1 H=128).  Measured on the H200 (ms, columns 16 /
+    32 / 64 / 128 / one block per group): MLA decode 0.270 / 0.275 / 0.281 / 0.296 / 0.387; GQA decode – / 0.081 /
+    0.084 / – / 0.089; causal decode – / 0.189 / 0.190 / – / 0.192."""
+    row_tile: int = 4096
+    """Elements per step of the rolling loop of the row reductions on GPUs (the schedule halves it until
+    the row spans two steps).  Measured on the H200 (rmsnorm_amax 4096×8192 f32): 1024 0.127 ms, 2048 0.104,
+    4096 0.086; softmax 4096×4096: 1024 0.055, 2048 0.048."""
+    gemm_tile: tuple[int, int, int] = (64, 128, 64)
+    """Rows × columns of C per thread block of quant_gemm on GPUs, and the k elements per step of its rolling
+    loop.  Measured on the H200 (M = K = N = 4096, f32 operands on tensor cores as bf16 hi + lo): 64×64×32 7.94 ms,
+    64×64×64 6.09, 128×64×32 8.83, 64×128×32 7.84, 128×128×32 8.46; with C in registers and 128-bit staging
+    (session 4): 64×64×64 4.51, 64×128×64 4.38, 64×64×128 4.93, 128×64×64 5.22, 128×128×64 8.31, 64×128×32 6.96;
+    with W split once before the kernel (session 6): 64×128×64 2.93, 128×128×32 3.61, 64×128×32 4.97, 64×256×64
+    4.03, 128×64×64 4.14."""
+    gate_tile: tuple[int, int] = (16, 256)
+    """Token rows per thread block of moe_routing on GPUs (every expert column: E is small), and the hidden
+    elements per step of the gate product.  Measured on the H200 (S = HD = 4096, E = 64): 32×64 0.265 ms,
+    64×64 0.371, 32×128 0.253, 16×64 0.233, 16×128 0.214 (256 blocks: more of the H200's 132 SMs busy); with
+    128-bit staging of the f32 operands (session 4): 16×128 0.144, 16×256 0.129, 16×512 0.202, 32×128 0.147,
+    32×256 0.143, 8×128 0.163."""
+    performer_tile: tuple[int, int, int] = (64, 64, 64)
+    """performer on GPUs: key rows per step of the key-side rolling loop (a step's tile of k·Pᵀ, 64×256 f32 = 64 KB
+    at F = 256, is all of it that lives in a block), query rows per block and features per step of the query side.
+    Measured on the H200 (B = 1, H = 8, L = 4096) when the key side was one block per head (8 blocks on 132 SMs;
+    2.33 ms against PyTorch eager's 0.57): 32/64/64 3.22 ms, 64/64/64 2.34, 32/128/64 3.32, 32/64/128 3.28.
+    The key side is now split over many blocks (:func:`~polyfuse.ops.schedules.gpu_performer_tiling`), not yet
+    measured."""
+    performer_blocks_per_sm: int = 1
+    """Thread blocks per SM the split rule aims at for performer's key side.  At F = 256 a block's shared memory
+    (the step's k·Pᵀ tile and the staging of its k'ᵀv product, about 223 KB with 64 keys per step) leaves room
+    for one block per SM."""
+    performer_min_split: int = 256
+    """Fewest keys per split of performer's key side: the combine reads each split's partial k'ᵀv (F×D floats: at
+    F = 256, D = 64 half as many bytes as the k and v rows of a 256-key split), so shorter splits add more
+    combine traffic than they add parallelism."""
+    warps: int | None = None
+    """Warps per thread block of every kernel of a GPU plan; None: the code generator's default."""
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value, default = getattr(self, f.name), f.default
+            if value is None and f.name == "warps":
+                continue
+            numbers = value if isinstance(value, tuple) else (value,)
+            width = len(default) if isinstance(default, tuple) else 1
+            if len(numbers) != width or not all(type(n) is int and n > 0 for n in numbers):
+                what = f"a tuple of {width} positive integers" if width > 1 else "a positive integer"
+                raise PolyfuseError(f"GpuTuning.{f.name} = {value!r}: must be {what} (default {default!r})")

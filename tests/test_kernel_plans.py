@@ -1,0 +1,165 @@
+"""The GPU kernel plan as data: every dot's instruction and layouts, fragment layouts, shared memory, per device.
+
+The CUDA/HIP emitters print a :class:`~polyfuse.emit_cpp.plan.ProgramPlan` decided before any text is written;
+these tests check the decisions themselves for every fused catalog operator, on the sm_80 and sm_90a presets
+(and gfx90a for HIP), rather than grepping the printed source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+
+from polyfuse import ops
+from polyfuse.device import PRESETS, preset
+from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan
+from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan
+from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.emit_cpp.plan import ProgramPlan
+from polyfuse.emit_cpp.rows import RowGroup
+from polyfuse.errors import PolyfuseError, UnsupportedPattern
+from polyfuse.ir import dtypes as dt
+from polyfuse.ops.schedules import default_schedule, has_default_schedule
+from polyfuse.tiling import to_tiles
+
+FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
+
+
+def _tiles(name: str, mode: str, target: str = "cuda", **sizes: int):
+    op = ops.get(name)
+    sizes = {**op.sizes(mode), **sizes}
+    return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target).program)
+
+
+def _dots(plan: ProgramPlan) -> list[DotPlan]:
+    out = []
+    for k in plan.kernels:
+        for s in k.stmts.values():
+            out += list(s.dots.values()) + ([s.dot] if s.dot is not None else [])
+    return out
+
+
+def test_the_m16n8_fragment_covers_the_tile_once():
+    seen = {M16N8.element(lane, reg) for lane in range(32) for reg in range(4)}
+    assert seen == set(itertools.product(range(16), range(8)))
+    for lane, reg in itertools.product(range(32), range(4)):
+        row = eval(M16N8.row(str(lane), str(reg // 2)).replace("/", "//"))
+        col = eval(M16N8.col(str(lane), str(reg % 2)).replace("/", "//"))
+        assert (row, col) == M16N8.element(lane, reg)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize(("name", "mode"), FUSED)
+def test_every_dot_plan_is_consistent(name, mode, arch):
+    device = PRESETS[arch]
+    _, plan = gpu_plan(_tiles(name, mode), Target("cuda", device))
+    for k in plan.kernels:
+        assert k.peak <= device.shared_per_block
+        assert k.threads == (k.nest.warps or device.default_warps) * 32 or k.nest.kind == "map"
+        if k.min_blocks is not None:
+            assert 1 < k.min_blocks == device.blocks_per_sm(k.peak) <= CodegenOptions().min_blocks
+    for d in _dots(plan):
+        assert d.instruction in (MMA_SYNC, FMA, BLOCK_REDUCE, PER_OUTPUT)
+        if d.instruction != MMA_SYNC:
+            continue
+        assert d.low in (dt.f16, dt.bf16) and d.fragment == M16N8
+        a, b = d.a.staged, d.b.staged
+        assert (a.rows, b.rows, a.kk) == (d.m, d.n, d.k)
+        assert a.rows_pad % 16 == 0 and b.rows_pad % 8 == 0 and a.kp % 16 == 0 and a.kp == b.kp
+        assert a.stride == (a.rows_pad if a.trans else a.kp) + 8  # rows 8 elements apart in the banks
+        assert d.mtiles * 16 == a.rows_pad and d.groups * d.per * 8 >= b.rows_pad
+        assert d.units * d.kgroups <= 8 * max(1, -(-d.units // 8))  # k groups only where warps are idle
+        assert d.pair == 1 or (a.split or b.split)
+        for op in (d.a, d.b):
+            assert op.source in ("kept", "held", "cp.async", "raw", "converted")
+            if op.source == "cp.async":
+                assert not any(part.split for part, _ in op.parts)
+
+
+def test_causal_prefill_plan():
+    # q·kᵀ on tensor cores from f16 tiles copied by cp.async (q once per block, kept by the loop), the
+    # statistics one row group, p·v (P split hi + lo) accumulated in registers across the key tiles.
+    _, plan = gpu_plan(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA)
+    (kernel,) = plan.kernels
+    loop = next(iter(kernel.loops.values()))
+    assert loop.stored == ("pv",) and loop.streams is not None
+    by_block = {s.block: s for s in kernel.stmts.values()}
+    score = by_block["score"]  # (q·kᵀ inlined into the masked score, computed in the product's epilogue)
+    qk = score.dot
+    assert score.in_place and not score.in_registers and len(score.row_values) == 2
+    assert qk.instruction == MMA_SYNC and qk.low == dt.f16
+    assert qk.a.source == "kept" and not qk.a.every_iteration
+    assert qk.b.source == "cp.async"
+    pv = by_block["pv"]
+    assert pv.in_place and pv.in_registers and pv.dot.a.staged.split and pv.dot.kgroups == 1
+    groups = [p for parts in kernel.seqs.values() for p in parts if isinstance(p, RowGroup)]
+    assert [[s.block for s in g.stores] for g in groups] == [["row_max_save", "row_max", "row_sum_rf", "row_sum"]]
+    text = str(plan)
+    assert "kernel polyfuse_attn_causal_k0 (block)" in text and "pv: in the epilogue of its dot, in registers" in text
+
+
+def test_plans_follow_the_device():
+    # The same program on sm_80 and sm_90a: the same dots, other occupancy (164 KB against 228 KB per SM);
+    # HIP (gfx90a, wavefronts of 64) has no mma.sync: every dot is an FMA or a reduction, 4 wavefronts a block.
+    tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
+    _, h100 = gpu_plan(tiles, CUDA)
+    _, a100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_80"]))
+    assert [d.describe() for d in _dots(h100)] == [d.describe() for d in _dots(a100)]
+    assert h100.kernels[0].blocks_per_sm == PRESETS["sm_90a"].blocks_per_sm(h100.kernels[0].peak)
+    assert a100.kernels[0].blocks_per_sm == PRESETS["sm_80"].blocks_per_sm(a100.kernels[0].peak)
+    assert h100.kernels[0].blocks_per_sm > a100.kernels[0].blocks_per_sm
+    _, hip = gpu_plan(_tiles("attn_causal", "prefill", "hip"), HIP)
+    assert all(d.instruction != MMA_SYNC for d in _dots(hip))
+    assert all(k.threads == 256 for k in hip.kernels if k.nest.kind != "map")
+
+
+def test_a_kernel_past_the_device_shared_memory_is_refused_before_printing():
+    small = dataclasses.replace(PRESETS["sm_90a"], shared_per_block=16 * 1024, arch="sm_90a")
+    with pytest.raises(UnsupportedPattern, match="a block may use 16384 on sm_90a"):
+        emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), Target("cuda", small))
+
+
+def test_kept_tiles_are_dropped_where_they_would_not_fit():
+    tiles = _tiles("attn_causal", "prefill", Sq=256, Skv=256)
+    _, plan = gpu_plan(tiles, CUDA)
+    kernel = plan.kernels[0]
+    without = dataclasses.replace(PRESETS["sm_90a"], shared_per_block=kernel.peak - 1)
+    _, tight = gpu_plan(tiles, Target("cuda", without))
+    assert kernel.keeps_tiles and not tight.kernels[0].keeps_tiles
+    assert tight.kernels[0].peak < kernel.peak
+
+
+def test_warps_come_from_the_schedule_then_the_options_then_the_device():
+    from polyfuse.transforms import Schedule
+
+    op = ops.get("softmax")
+    program = op.program("default", **op.sizes("default"))
+    sch = default_schedule("softmax", "default", program, target="cuda")
+    _, plan = gpu_plan(to_tiles(sch.program), CUDA.with_options(warps=4))
+    assert {k.threads for k in plan.kernels if k.nest.kind != "map"} == {128}
+    sch2 = Schedule(program)
+    sch2.replay(sch.trace)
+    outer = sch2.get_loops("s_max")[0]
+    sch2.warps(outer, 2)
+    _, plan = gpu_plan(to_tiles(sch2.program), CUDA.with_options(warps=4))
+    assert {k.threads for k in plan.kernels if k.nest.kind != "map"} == {64}
+    assert "__launch_bounds__(64)" in emit(to_tiles(sch2.program), CUDA).text
+
+
+def test_options_are_checked_and_printed():
+    with pytest.raises(PolyfuseError, match="warps"):
+        CodegenOptions(warps=64)
+    with pytest.raises(PolyfuseError, match="element_unroll"):
+        CodegenOptions(element_unroll=0)
+    text = emit(_tiles("softmax", "default"), CUDA.with_options(row_groups=False)).text
+    assert "// options: fast_exp=on warps=auto" in text and "row_groups=off" in text
+    assert "// device: sm_90a (nvidia, preset): 132 SMs" in text
+
+
+def test_presets():
+    assert preset("sm_90") == PRESETS["sm_90a"]
+    assert preset("sm_86").arch == "sm_86" and not preset("sm_86").wgmma and preset("sm_86").mma_sync
+    with pytest.raises(PolyfuseError, match="no device preset"):
+        preset("gfx1100")
