@@ -336,10 +336,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         assert plan.dot is not None and self.kernel_plan is not None
         e = next(n for n in walk_tile_expr(s.value) if isinstance(n, Dot))
         own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
-        target = None
-        if plan.in_registers:
-            loop = next(lp for lp in self.kernel_plan.loops.values() if s.block in lp.accumulators)
-            target = f"{loop.accumulators[s.block].name}[pf_nb][pf_q]"
+        target = f"{plan.register}[pf_nb][pf_q]" if plan.register is not None else None
 
         def write(env: dict[str, str], value: str) -> None:
             self.line(f"const {self.ctype(e.dtype)} pf_d = {value};")

@@ -285,34 +285,6 @@ def _join_k_groups(em: CudaEmitter, kgroups: int, units: int, per: int) -> None:
     em.close()
 
 
-def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],
-                  rows: Callable[[dict[str, str]], None] | None, m: tuple, n: tuple) -> None:
-    """The epilogue of a dot written through ``write``: row by row (``pf_h``: rows lane/4 and lane/4 + 8 of
-    the warp's strip), ``rows(env)`` first, then the row's columns (``pf_q = 2·pf_h + pf_j``).  A guard is
-    emitted only where padding exists: rows past ``mm``, columns past ``nn`` or past the last tile."""
-    mm, mp, m_axes = m
-    nn, per, groups, n_axes = n
-    em.line("#pragma unroll")
-    em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
-    em.line("const int pf_m = pf_mt * 16 + pf_lane / 4 + pf_h * 8;")
-    em.open(f"if (pf_m < {mm})" if mm < mp else "")
-    row_env = em.decode(m_axes, "pf_m")
-    if rows is not None:
-        rows(row_env)
-    em.line("#pragma unroll")
-    em.open(f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
-    em.line("#pragma unroll")
-    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
-    em.line("const int pf_q = pf_h * 2 + pf_j;")
-    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + (pf_lane % 4) * 2 + pf_j;")
-    em.open(f"if (pf_n < {nn})" if nn < groups * per * 8 else "")
-    env = {**row_env, **em.decode(n_axes, "pf_n")}
-    em.line(" ".join(f"(void){v};" for v in env.values()))  # the value may read none of them
-    write(env, em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype))
-    for _ in range(5):
-        em.close()
-
-
 def _fragments(em: CudaEmitter, name: str, regs: int, load: str, arr: str, at: str, size: int, split: bool) -> None:
     """Declare and ``ldmatrix`` the fragment ``name`` (and ``name_lo`` from the lo half of a split operand)."""
     for part, offset in ((name, ""), (f"{name}_lo", f"{size} + ")) if split else ((name, ""),):
@@ -327,8 +299,6 @@ def _paired_fragments(em: CudaEmitter, load: str, arr: str, at: str, size: int, 
         em.line(f"uint32_t {part}[4];")
         em.line(f"{load}({part}, &{arr}[{offset}{at}]);")
         em.line(f"const uint32_t {part}0[2] = {{{part}[0], {part}[1]}}, {part}1[2] = {{{part}[2], {part}[3]}};")
-
-
 
 
 def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],

@@ -70,20 +70,24 @@ class SharedTemporary:
 class StmtPlan:
     """How one tile statement is computed.
 
-    ``in_place``: in the epilogue of its one tensor-core dot (``dot``), into registers if ``in_registers``
-    (its loop's accumulator), else written to memory element by element; ``materialize``: the nodes that get
+    ``in_place``: in the epilogue of its one tensor-core dot (``dot``), into the registers ``register`` (its
+    loop's accumulator) if given, else written to memory element by element; ``materialize``: the nodes that get
     arrays of their own, in order; ``dots``: the plan of each materialized dot; ``row_values``: the parts of
     an in-place value read once per fragment row; ``scratch``: shared-memory bytes the statement takes.
     """
 
     block: str
     in_place: bool
-    in_registers: bool
+    register: str | None
     dot: DotPlan | None
     materialize: tuple[Expr, ...]
     dots: Mapping[Expr, DotPlan]
     row_values: tuple[Expr, ...]
     scratch: int
+
+    @property
+    def in_registers(self) -> bool:
+        return self.register is not None
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,8 @@ class _Planner:
         self.streams: stream.StreamPlan | None = None
         self.streaming = False
         self.counter = 0
+        self.block = ""
+        """The block of the statement being planned (whose dots' operands a loop may keep)."""
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
@@ -295,6 +301,7 @@ class _Planner:
     def store(self, s: TileStore) -> None:
         frame = self.here(axis_sizes(s))
         mark = self.scratch
+        self.block = s.block
         plan = self.in_place(frame, s) or self.elementwise(frame, s)
         self.take(plan.scratch)
         self.scratch = mark
@@ -317,7 +324,7 @@ class _Planner:
             scratch += -(-nbytes // 16) * 16
             if dot is not None:
                 plans[e] = dot
-        return StmtPlan(s.block, False, False, None, tuple(order), plans, (), scratch)
+        return StmtPlan(s.block, False, None, None, tuple(order), plans, (), scratch)
 
     def materialized(self, frame: Frame, e: Expr) -> tuple[int, DotPlan | None]:
         """Shared memory of ``e``'s array and of what computing it takes, and its dot plan if a dot."""
@@ -394,7 +401,6 @@ class _Planner:
         """The plan of ``s`` computed in the epilogue of its tensor-core dot, if it can be (see
         :meth:`~polyfuse.emit_cpp.cuda.CudaEmitter.dot_in_place`); a statement that cannot after all, its
         value's operands already materialized, is planned element by element after them."""
-        self.block = s.block
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
         acc = self.accumulators.get(s.block)
         in_registers = acc is not None and acc.store == s
@@ -427,9 +433,8 @@ class _Planner:
         dot = self.dot(frame, e, axes, split_k=not in_registers, in_place=True)
         scratch += self.dot_scratch(frame, e, dot)
         values = tuple(_row_values(s.value, e, own, n_axes))
-        return StmtPlan(s.block, True, in_registers, dot, tuple(first), plans, values, scratch)
-
-    block = ""
+        register = self.accumulators[s.block].name if in_registers else None
+        return StmtPlan(s.block, True, register, dot, tuple(first), plans, values, scratch)
 
 
 def _a(n: int) -> int:
