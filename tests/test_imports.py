@@ -1,8 +1,9 @@
-"""Import hygiene: imports at the top of each module, and no import circles through ``polyfuse.tiling``.
+"""Import hygiene: imports at the top of each module, and no import circles through ``polyfuse.tiling`` or
+``polyfuse.emit_cpp``.
 
 An import inside a function usually hides a circle that a later refactor turns into an ``ImportError``;
 a type-only import belongs under a module-level ``if TYPE_CHECKING:``.  The checks parse the source
-(nothing is imported), except the last, which imports each tiling module alone in a fresh interpreter.
+(nothing is imported), except the last, which imports each of their modules alone in a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -111,15 +112,15 @@ def test_emit_cpp_imports_are_at_module_level(module: str) -> None:
     assert not nested, f"{module} imports inside a function or class:\n" + "\n".join(nested)
 
 
-def test_no_import_cycle_through_tiling() -> None:
+def test_no_import_cycle_through_tiling_or_emit_cpp() -> None:
     graph = _import_graph()
-    cycles = [_cycle_through(graph, name) for name in sorted(TILING)]
+    cycles = [_cycle_through(graph, name) for name in sorted({**TILING, **EMIT_CPP})]
     found = sorted({" -> ".join(c) for c in cycles if c is not None})
-    assert not found, "import cycles through polyfuse.tiling:\n" + "\n".join(found)
+    assert not found, "import cycles through polyfuse.tiling or polyfuse.emit_cpp:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("module", sorted(TILING))
-def test_tiling_module_imports_alone(module: str) -> None:
+@pytest.mark.parametrize("module", sorted({**TILING, **EMIT_CPP}))
+def test_module_imports_alone(module: str) -> None:
     done = subprocess.run([sys.executable, "-c", f"import {module}"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, f"import {module} in a fresh interpreter failed:\n{done.stderr}"

@@ -151,12 +151,12 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         for acc in lp.accumulators.values():
             registers.load(self, acc)
         kept_at = self.scratch
-        resident.load(self, list(lp.resident))
+        resident.load(self, list(lp.resident), lp.offsets)
         outer_kept, added = dict(self.resident), {r.tensor for r in lp.resident} - self.shared_names
         self.resident.update((r.tensor, r) for r in lp.resident)
         self.shared_names |= added  # no vector paths of global memory for them
         for tile in lp.streams.kept if lp.streams is not None else ():
-            self.shared_array("uint16_t", tile.buffer, tile.nbytes)
+            self.shared_array("uint16_t", tile.buffer, tile.nbytes, lp.offsets[tile.buffer])
         mark = self.scratch
         super().loop(s)
         if lp.streams is not None:
@@ -197,8 +197,12 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.peak = max(self.peak, self.scratch)
         return offset
 
-    def shared_array(self, ctype: str, name: str, nbytes: int) -> None:
-        self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(pf_smem + {self.take(nbytes)});")
+    def shared_array(self, ctype: str, name: str, nbytes: int, planned: int | None = None) -> None:
+        """Declare ``name``: the next ``nbytes`` of shared memory (at byte ``planned``, where the plan placed it)."""
+        offset = self.take(nbytes)
+        if planned is not None and planned != offset:
+            raise InternalError(f"shared array {name}: planned at byte {planned}, printed at {offset}")
+        self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(pf_smem + {offset});")
 
     def decode(self, axes: tuple[str, ...], flat: str) -> dict[str, str]:
         """Declare the axis variables of the row-major element ``flat`` over ``axes``."""
@@ -298,6 +302,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
     def store(self, s: TileStore) -> None:
         assert self.kernel_plan is not None
         plan = self.kernel_plan.stmts[id(s)]
+        if self.scratch != plan.at:
+            raise InternalError(f"block {s.block}: its scratch is planned at byte {plan.at} of shared memory, "
+                                f"the printer is at {self.scratch}")
         self.sizes = axis_sizes(s)
         self.materialized = {}
         self.stmt_plan = plan
@@ -500,7 +507,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             if t.pitch is not None:
                 assert t.padded is not None
                 self.pitches[t.name] = (t.padded, t.pitch)
-            self.shared_array(t.ctype, t.name, t.nbytes)
+            self.shared_array(t.ctype, t.name, t.nbytes, t.offset)
         words = self.scratch // 4
         if words:
             self.line(f"for (int pf_z = pf_tid; pf_z < {words}; pf_z += {self.threads}) "

@@ -23,7 +23,8 @@ class CodegenOptions:
     ``fast_exp``: f32 ``exp`` as ``__expf`` in CUDA programs whose outputs are all 16-bit floats (its error,
     at most ``2 + 1.173·|x|`` ulp, stays below such an output's rounding; HIP keeps the accurate one).
     ``warps``: warps of a block kernel where the schedule does not say (``warps`` annotation of a grid
-    loop); None takes the device's default.  ``map_threads``: threads of a map kernel's blocks.
+    loop); None takes the device's default.  ``map_threads``: threads of the blocks of a map kernel and of a
+    presplit kernel.
     ``min_blocks``: a block kernel whose shared memory lets at most this many blocks reside on an SM asks
     ``__launch_bounds__`` for registers that let them all reside (None asks nothing).
     ``element_unroll``: unroll factor of the loops over a thread's elements.  ``unroll_reduce``: a reduction

@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -56,12 +57,13 @@ _CHEAP_CALLS = ("neg", "not", "abs")
 
 @dataclass(frozen=True)
 class SharedTemporary:
-    """A temporary of the kernel in shared memory: ``bytes`` of ``ctype``; rows of dimension ``padded`` are
-    ``pitch`` elements apart (None: dense)."""
+    """A temporary of the kernel in shared memory: ``bytes`` of ``ctype`` from byte ``offset``; rows of
+    dimension ``padded`` are ``pitch`` elements apart (None: dense)."""
 
     name: str
     ctype: str
     nbytes: int
+    offset: int
     padded: int | None = None
     pitch: int | None = None
 
@@ -73,7 +75,8 @@ class StmtPlan:
     ``in_place``: in the epilogue of its one tensor-core dot (``dot``), into the registers ``register`` (its
     loop's accumulator) if given, else written to memory element by element; ``materialize``: the nodes that get
     arrays of their own, in order; ``dots``: the plan of each materialized dot; ``row_values``: the parts of
-    an in-place value read once per fragment row; ``scratch``: shared-memory bytes the statement takes.
+    an in-place value read once per fragment row; ``scratch``: shared-memory bytes the statement takes, from
+    byte ``at`` (its arrays and staging, in the order they are made; freed after the statement).
     """
 
     block: str
@@ -84,6 +87,7 @@ class StmtPlan:
     dots: Mapping[Expr, DotPlan]
     row_values: tuple[Expr, ...]
     scratch: int
+    at: int = 0
 
     @property
     def in_registers(self) -> bool:
@@ -100,6 +104,8 @@ class LoopPlan:
     stored: tuple[str, ...]
     resident: tuple[resident.Resident, ...]
     streams: stream.StreamPlan | None
+    offsets: Mapping[str, int] = field(default_factory=dict)
+    """Byte offset of each of the loop's shared buffers (resident copies, kept tiles), by name."""
 
 
 @dataclass(frozen=True)
@@ -247,7 +253,7 @@ class _Planner:
                 # last axis longer than 1 gets the padding.)
                 padded, pitch = inner, dims[inner] + 8
                 size = size // dims[inner] * pitch
-            shared.append(SharedTemporary(t, ctype, size * SIZEOF[ctype], padded, pitch))
+            shared.append(SharedTemporary(t, ctype, size * SIZEOF[ctype], self.scratch, padded, pitch))
             self.take(size * SIZEOF[ctype])
         self.stmt(self.nest.body)
         return KernelPlan(self.name, self.nest, self.frame.threads, self.frame.warp, tuple(shared), self.peak,
@@ -276,7 +282,9 @@ class _Planner:
         outer, self.accumulators = self.accumulators, accumulators
         kept_at = self.scratch
         kept = resident.plan(frame, s, {acc.store.tensor.name for acc in accumulators.values()}, self.fresh)
+        offsets = {}
         for r in kept:
+            offsets[r.name] = self.scratch
             self.take(r.nbytes)
         added = {r.tensor for r in kept} - self.shared_names
         self.shared_names |= added
@@ -284,6 +292,7 @@ class _Planner:
         if frame.tensor_cores and not self.streaming and self.keep_tiles:
             streams = stream.plan(self.here({}), s, self.fresh)
         for tile in streams.kept if streams is not None else ():
+            offsets[tile.buffer] = self.scratch
             self.take(tile.nbytes)
         outer_streams, self.streams = self.streams, streams
         self.streaming = streams is not None
@@ -296,13 +305,13 @@ class _Planner:
         self.accumulators = outer
         used = {p.block for p in list(self.stmts.values())[in_registers:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
-        self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams)
+        self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets)
 
     def store(self, s: TileStore) -> None:
         frame = self.here(axis_sizes(s))
         mark = self.scratch
         self.block = s.block
-        plan = self.in_place(frame, s) or self.elementwise(frame, s)
+        plan = dataclasses.replace(self.in_place(frame, s) or self.elementwise(frame, s), at=mark)
         self.take(plan.scratch)
         self.scratch = mark
         self.stmts[id(s)] = plan
@@ -521,7 +530,7 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
                  + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
-        lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype}{pad}")
+        lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
     _describe_stmt(k, nest.body, lines, "  ")
     return lines
 
@@ -539,15 +548,19 @@ def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> Non
         for block in lp.stored:
             lines.append(f"{indent}  registers: {lp.accumulators[block].describe()}")
         for r in lp.resident:
-            lines.append(f"{indent}  resident: {r.tensor} in shared memory {r.name} ({r.nbytes} bytes)")
-        for text in lp.streams.describe() if lp.streams is not None else ():
+            lines.append(f"{indent}  resident: {r.tensor} in shared memory {r.name} ({r.nbytes} bytes at "
+                         f"{lp.offsets[r.name]})")
+        for tile, text in zip(lp.streams.kept if lp.streams is not None else (),
+                              lp.streams.describe() if lp.streams is not None else (), strict=False):
+            lines.append(f"{indent}  kept: {text}, at {lp.offsets[tile.buffer]}")
+        for text in (lp.streams.describe()[len(lp.streams.kept):] if lp.streams is not None else ()):
             lines.append(f"{indent}  kept: {text}")
         _describe_stmt(k, s.body, lines, indent + "  ")
     elif isinstance(s, TileStore):
         p = k.stmts[id(s)]
         how = ("in the epilogue of its dot, " + ("in registers" if p.in_registers else "written in place")
                if p.in_place else "element by element")
-        lines.append(f"{indent}{s.block}: {how}; {p.scratch} bytes of scratch")
+        lines.append(f"{indent}{s.block}: {how}; {p.scratch} bytes of scratch at {p.at}")
         if p.row_values:
             lines.append(f"{indent}  per fragment row: {len(p.row_values)} value(s)")
         for e in p.materialize:

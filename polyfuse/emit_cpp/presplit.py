@@ -33,7 +33,6 @@ from polyfuse.tiling.parallel import unit_loop
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
 
-THREADS = 256
 VEC = 4
 """f32 elements a thread of the split kernel reads with one 128-bit load."""
 
@@ -72,15 +71,16 @@ def plan(nests: tuple[GridNest, ...], frame_of: Callable[[GridNest], Frame]) -> 
 def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
     """One kernel per split tensor, each thread splitting ``VEC`` neighbours per step of a grid-stride loop."""
     launches = []
+    threads = em.options.map_threads  # (one element group per thread, as a map kernel)
     for name, (hi, lo) in em.presplit.items():
         total = static_numel(em.tensors[name]) // VEC
         kernel = f"{entry}_split_{name}"
-        em.line(f"{em.kernel_qualifiers(THREADS)} {kernel}({em.parameters()})")
+        em.line(f"{em.kernel_qualifiers(threads)} {kernel}({em.parameters()})")
         em.line("{")
         em.depth += 1
         em.line(f"// {name} into bf16 {hi.name} + {lo.name}, as tensor-core staging splits it")
-        em.open(f"for (int64_t pf_g = static_cast<int64_t>(blockIdx.x) * {THREADS} + threadIdx.x; pf_g < {total}; "
-                f"pf_g += static_cast<int64_t>(gridDim.x) * {THREADS})")
+        em.open(f"for (int64_t pf_g = static_cast<int64_t>(blockIdx.x) * {threads} + threadIdx.x; pf_g < {total}; "
+                f"pf_g += static_cast<int64_t>(gridDim.x) * {threads})")
         em.line(f"alignas(16) float pf_v[{VEC}];")
         em.line(f"*reinterpret_cast<uint4*>(pf_v) = reinterpret_cast<const uint4*>({name})[pf_g];")
         em.line(f"alignas(8) uint16_t pf_hi[{VEC}];")
@@ -97,8 +97,8 @@ def emit_kernels(em: CudaEmitter, entry: str) -> tuple[Launch, ...]:
         em.depth -= 1
         em.line("}")
         em.line("")
-        blocks = max(1, min(-(-total // THREADS), 1 << 20))
-        launches.append(Launch(kernel, Const(blocks, dt.i64), THREADS, 0))
+        blocks = max(1, min(-(-total // threads), 1 << 20))
+        launches.append(Launch(kernel, Const(blocks, dt.i64), threads, 0))
     return tuple(launches)
 
 

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from polyfuse.emit_cpp.dotplan import Frame
 from polyfuse.ir.expr import Var
@@ -106,10 +106,10 @@ def plan(frame: Frame, loop: Loop, registers: set[str], fresh: Callable[[str], s
     return kept
 
 
-def load(em: CudaEmitter, kept: list[Resident]) -> None:
-    """Declare the shared copies and read the tiles into them (before the loop)."""
+def load(em: CudaEmitter, kept: list[Resident], offsets: Mapping[str, int]) -> None:
+    """Declare the shared copies (at their planned ``offsets``) and read the tiles into them (before the loop)."""
     for r in kept:
-        em.shared_array(em.stype(r.dtype), r.name, r.nbytes)
+        em.shared_array(em.stype(r.dtype), r.name, r.nbytes, offsets[r.name])
         em.line(f"// {r.tensor}: in shared memory across the loop")
         _each(em, r, lambda value, element: em.line(f"{element} = {value};"))
     if kept:
