@@ -163,3 +163,24 @@ def test_presets():
     assert preset("sm_86").arch == "sm_86" and not preset("sm_86").wgmma and preset("sm_86").mma_sync
     with pytest.raises(PolyfuseError, match="no device preset"):
         preset("gfx1100")
+
+
+@pytest.mark.parametrize(("name", "mode"), [(n, m) for n, m in FUSED if n != "performer"])
+def test_hip_schedules_fit_the_device_at_bench_sizes(name, mode):
+    # The catalog's GPU tiles are sized for sm_90a's 227 KB of shared memory per block; for gfx90a's 64 KB the
+    # default schedule halves them until every kernel fits (planned, then printed without a refusal).
+    op = ops.get(name)
+    for key, sizes in op.presets.items():
+        if not key.startswith(mode):
+            continue
+        sch = default_schedule(name, mode, op.program(mode, **sizes), target="hip")
+        _, plan = gpu_plan(to_tiles(sch.program), HIP)
+        assert all(k.peak <= PRESETS["gfx90a"].shared_per_block for k in plan.kernels)
+
+
+def test_a_kernel_no_tile_size_fits_is_refused_with_the_reason():
+    # performer's key side keeps its F×D feature product (256 × 64 f32) and more per block, whatever the tiles.
+    op = ops.get("performer")
+    sch = default_schedule("performer", "default", op.program("default", **op.presets["default"]), target="hip")
+    with pytest.raises(UnsupportedPattern, match="a block may use 65536 on gfx90a"):
+        emit(to_tiles(sch.program), HIP)

@@ -1,11 +1,10 @@
 """The CUDA backend: one ``__global__`` kernel per grid nest, thread blocks cooperating on tiles.
 
 :mod:`polyfuse.tiling.gpu` has cut the tile program into kernels and :mod:`polyfuse.emit_cpp.plan` has
-decided how each runs (threads, layouts, dot instructions, shared memory); this module prints the plan.  In a
-**CTA kernel** each
-thread block runs one iteration of the collapsed grid loops; its temporaries live in shared
-memory (one dynamic buffer, static offsets) and every tile statement is shared by the block's
-threads:
+decided how each runs (threads, layouts, dot instructions, shared memory); this module prints the plan, front
+to back, and checks as it declares each shared array that it lies where the plan placed it.  In a **CTA
+kernel** each thread block runs one iteration of the collapsed grid loops; its temporaries live in shared
+memory (one dynamic buffer, static offsets) and every tile statement is shared by the block's threads:
 
 * elementwise work runs one element per thread per step, the store's last axis fastest so that
   neighbouring threads touch neighbouring addresses (coalesced);

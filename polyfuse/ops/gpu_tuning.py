@@ -100,6 +100,23 @@ class GpuTuning:
     combine traffic than they add parallelism."""
     warps: int | None = None
     """Warps per thread block of every kernel of a GPU plan; None: the code generator's default."""
+    shared_bytes: int = 232448
+    """Shared memory per block the tiles above are sized for (sm_90a's 227 KB); on a device with less,
+    :func:`~polyfuse.ops.schedules.default_schedule` halves them until the kernels fit (:meth:`smaller`)."""
+
+    def smaller(self) -> GpuTuning:
+        """Every tile of the GPU schedules halved: tiles not below 16 (a tensor-core tile), heads per block not
+        below 1, the key tile's bytes not below 4 KB, row steps not below 256; the same tuning where nothing
+        can shrink any more."""
+        def half(n: int, floor: int = 16) -> int:
+            return max(floor, n // 2) if n > floor else n
+
+        return dataclasses.replace(
+            self, prefill_tile=tuple(half(n) for n in self.prefill_tile), decode_heads=half(self.decode_heads, 1),
+            decode_tile=half(self.decode_tile), decode_tile_bytes=half(self.decode_tile_bytes, 4096),
+            row_tile=half(self.row_tile, 256), gemm_tile=tuple(half(n) for n in self.gemm_tile),
+            gate_tile=tuple(half(n) for n in self.gate_tile),
+            performer_tile=tuple(half(n) for n in self.performer_tile))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

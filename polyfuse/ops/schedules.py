@@ -33,10 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from polyfuse.device import DeviceSpec, for_backend
-from polyfuse.errors import PolyfuseError
+from polyfuse.emit_cpp import Target, gpu_plan
+from polyfuse.errors import PolyfuseError, UnsupportedPattern
 from polyfuse.ir.stmt import Loop, Program, Seq, Stmt, Tensor
 from polyfuse.ir.visit import loads
 from polyfuse.ops.gpu_tuning import GpuTuning
+from polyfuse.tiling import to_tiles
+from polyfuse.tiling.skip import skip_masked_tiles
 from polyfuse.transforms.schedule import LoopRef, Schedule
 
 PREFILL_TILE = (16, 16)
@@ -481,27 +484,52 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
     ``target`` (``cpp``, ``cuda``, ``hip``) picks the plan and its tile sizes (see the module docstring).
     GPU targets schedule for ``device`` (default: the backend's preset, :func:`~polyfuse.device.for_backend`;
     pass the device a kernel will run on, :meth:`~polyfuse.runtime.loaders.Loader.device_spec`) with the
-    choices of ``tuning`` (default: :class:`GpuTuning`'s); the host target reads neither.
+    choices of ``tuning`` (default: :class:`GpuTuning`'s); the host target reads neither.  The tuning's tiles
+    are sized for ``tuning.shared_bytes`` of shared memory per block; on a device with less (gfx90a's 64 KB),
+    the schedule is planned for the device and its tiles halved (:meth:`GpuTuning.smaller`) until every
+    kernel fits.
     """
     plan = _PLANS.get((name, mode))
     if plan is None:
         raise PolyfuseError(f"operator {name!r} has no default schedule for mode {mode!r}")
-    sch = Schedule(program)
-    if target in GPU_TARGETS:
-        device = device or for_backend(target)
-        tuning = tuning or GpuTuning()
-        try:
-            _gpu_plan(sch, plan, device, tuning)
-        except PolyfuseError:
-            # The GPU tiling does not apply to this program (e.g. chained consumers that cannot
-            # roll over tiles): fall back to the element-wise plan, which fuses the same way.
-            if plan in (_attention_prefill, _attention_decode) or hasattr(plan, "gpu"):
-                raise
-            sch = Schedule(program)
-            plan(sch)
-        if tuning.warps is not None:
-            _ask_warps(sch, tuning.warps)
-    else:
+    if target not in GPU_TARGETS:
+        sch = Schedule(program)
         plan(sch)
+        sch.compact_buffers()
+        return sch
+    device = device or for_backend(target)
+    tuning = tuning or GpuTuning()
+    while True:
+        sch = _gpu_schedule(program, plan, device, tuning)
+        if device.shared_per_block >= tuning.shared_bytes or _fits(sch, target, device):
+            return sch
+        smaller = tuning.smaller()
+        if smaller == tuning:
+            return sch  # (building it says which kernel does not fit, and by how much)
+        tuning = smaller
+
+
+def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: GpuTuning) -> Schedule:
+    sch = Schedule(program)
+    try:
+        _gpu_plan(sch, plan, device, tuning)
+    except PolyfuseError:
+        # The GPU tiling does not apply to this program (e.g. chained consumers that cannot
+        # roll over tiles): fall back to the element-wise plan, which fuses the same way.
+        if plan in (_attention_prefill, _attention_decode) or hasattr(plan, "gpu"):
+            raise
+        sch = Schedule(program)
+        plan(sch)
+    if tuning.warps is not None:
+        _ask_warps(sch, tuning.warps)
     sch.compact_buffers()
     return sch
+
+
+def _fits(sch: Schedule, backend: str, device: DeviceSpec) -> bool:
+    """Whether every kernel of ``sch`` fits in ``device``'s shared memory per block (planned, not printed)."""
+    try:
+        gpu_plan(skip_masked_tiles(to_tiles(sch.program)), Target(backend, device))
+    except UnsupportedPattern:
+        return False
+    return True
