@@ -184,3 +184,17 @@ def test_a_kernel_no_tile_size_fits_is_refused_with_the_reason():
     sch = default_schedule("performer", "default", op.program("default", **op.presets["default"]), target="hip")
     with pytest.raises(UnsupportedPattern, match="a block may use 65536 on gfx90a"):
         emit(to_tiles(sch.program), HIP)
+
+
+def test_the_blocks_with_the_most_work_start_first():
+    # Causal prefill's key loop stops where the mask hides the rest (i_0 // 2 + 1 tiles of 64 keys for query
+    # tile i_0 of 32 rows): the query tiles are decoded slowest and from the last, so the longest blocks run
+    # first and the short ones fill the tail.  Global attention's blocks all do the same work.
+    tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
+    _, plan = gpu_plan(tiles, CUDA)
+    assert plan.kernels[0].heavy_first == "i_0"
+    text = emit(tiles, CUDA).text
+    assert "const int i_0 = static_cast<int>(((128) - 1) - pf_bid % (128));" in text
+    assert text.index("const int h = ") < text.index("const int i_0 = ")
+    _, flat = gpu_plan(_tiles("attn_global", "prefill", **ops.get("attn_global").presets["prefill"]), CUDA)
+    assert flat.kernels[0].heavy_first is None

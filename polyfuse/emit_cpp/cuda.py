@@ -494,11 +494,15 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)
         if nest.chain:
+            # Block index to grid loop values, the last loop fastest; the plan's heavy_first loop slowest and
+            # from its last value (any order is the program's: the grid loops' iterations are independent).
             self.line("int64_t pf_bid = blockIdx.x;")
-            for lp in reversed(nest.chain):
+            heavy = [lp for lp in nest.chain if lp.var.name == plan.heavy_first]
+            for lp in [*reversed([lp for lp in nest.chain if lp not in heavy]), *heavy]:
                 ext = self.scalar(lp.extent, {})
                 t = self.widths.loop
-                self.line(f"const {t} {lp.var.name} = static_cast<{t}>(pf_bid % {ext});")
+                value = f"({ext} - 1) - pf_bid % {ext}" if lp in heavy else f"pf_bid % {ext}"
+                self.line(f"const {t} {lp.var.name} = static_cast<{t}>({value});")
                 self.line(f"pf_bid /= {ext};")
             for lp in nest.chain:
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)

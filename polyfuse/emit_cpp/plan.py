@@ -43,12 +43,14 @@ from polyfuse.emit_cpp.target import Target, entry_name
 from polyfuse.errors import InternalError, UnsupportedPattern
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import Loop, Seq, Stmt, Tensor
+from polyfuse.ir.visit import substitute
 from polyfuse.tiling.gpu import GpuProgram, lower_for_gpu
 from polyfuse.tiling.grid import MAP, GridNest
 from polyfuse.tiling.htile import (
     Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, axis_sizes, depends_on, tile_children,
-    walk_tile_expr,
+    walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.parallel import unit_loop
 
@@ -122,6 +124,9 @@ class KernelPlan:
     min_blocks: int | None = None
     blocks_per_sm: int | None = None
     keeps_tiles: bool = True
+    heavy_first: str | None = None
+    """The grid loop whose later iterations do more work (a loop of the body runs longer), decoded slowest and
+    from its last value, so that the blocks with the most work start first and the light ones fill the tail."""
     loops: Mapping[int, LoopPlan] = field(default_factory=dict)
     seqs: Mapping[int, tuple[Stmt | rows.RowGroup, ...]] = field(default_factory=dict)
     stmts: Mapping[int, StmtPlan] = field(default_factory=dict)
@@ -201,7 +206,28 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     min_blocks = frame.options.min_blocks
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
     return KernelPlan(name, nest, plan.threads, plan.warp, plan.shared, plan.peak, asked, resident_blocks,
-                      plan.keeps_tiles, plan.loops, plan.seqs, plan.stmts, plan.unit_vars)
+                      plan.keeps_tiles, _heavy_first(nest), plan.loops, plan.seqs, plan.stmts, plan.unit_vars)
+
+
+def _heavy_first(nest: GridNest) -> str | None:
+    """The grid loop along which the blocks' work grows: one that the extent of a loop of the body depends on
+    and that is longer at the grid loop's last value than at its first (causal attention's key loop, cut
+    where the mask hides the rest: ``i_0 // 2 + 1`` tiles for query tile ``i_0``), with the other grid loops
+    at 0.  None where there is none or the extents are not constants at those points."""
+    chain = {lp.var.name: lp for lp in nest.chain if not unit_loop(lp)}
+    for body_loop in (x for x in walk_tile_stmts(nest.body) if isinstance(x, Loop)):
+        used = {v.name for v in walk_tile_expr(body_loop.extent) if isinstance(v, Var)} & set(chain)
+        for name in sorted(used):
+            last = chain[name].extent
+            if not isinstance(last, Const):
+                continue
+            at = {n: Const(0, lp.var.dtype) for n, lp in chain.items()}
+            first = simplify(substitute(body_loop.extent, at))
+            at[name] = Const(int(last.value) - 1, chain[name].var.dtype)
+            final = simplify(substitute(body_loop.extent, at))
+            if isinstance(first, Const) and isinstance(final, Const) and final.value > first.value:
+                return name
+    return None
 
 
 class _Planner:
@@ -525,6 +551,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     if nest.kind == MAP:
         return [f"kernel {k.name} (map): one element per thread, {k.threads} threads per block"]
     lines = [f"kernel {k.name} (block): grid {grid}; {k.threads} threads ({k.threads // k.warp} warps of {k.warp})"]
+    if k.heavy_first is not None:
+        lines.append(f"  blocks: {k.heavy_first} decoded slowest, from its last value (the most work first)")
     bounds = f", __launch_bounds__ asks for {k.min_blocks} blocks per SM" if k.min_blocks else ""
     lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{bounds}"
                  + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
