@@ -15,7 +15,7 @@ import pytest
 from polyfuse import ops
 from polyfuse.device import PRESETS, preset
 from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan
-from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan
+from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, LdmatrixFragment
 from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.emit_cpp.plan import ProgramPlan
 from polyfuse.emit_cpp.rows import RowGroup
@@ -198,3 +198,41 @@ def test_the_blocks_with_the_most_work_start_first():
     assert text.index("const int h = ") < text.index("const int i_0 = ")
     _, flat = gpu_plan(_tiles("attn_global", "prefill", **ops.get("attn_global").presets["prefill"]), CUDA)
     assert flat.kernels[0].heavy_first is None
+
+
+def _ldmatrix(frag: LdmatrixFragment, stride: int, tile: int, k: int) -> dict[tuple[int, int], tuple[int, int]]:
+    """What ``ldmatrix`` gives each lane: for (lane, register), the offsets in the staged array of its two 16-bit
+    halves.  Lanes 8i..8i+7 address the rows of 8×8 matrix i (8 contiguous elements each); without ``.trans``
+    lane t receives row t/4, columns 2(t%4) and 2(t%4)+1 of each matrix, with ``.trans`` rows 2(t%4), 2(t%4)+1
+    of column t/4 (PTX ISA, ldmatrix)."""
+    rows = {lane: eval(frag.address(str(lane), str(tile), str(k), stride).replace("/", "//")) for lane in range(32)}
+    out = {}
+    for t, i in itertools.product(range(32), range(frag.registers)):
+        starts = [rows[8 * i + r] for r in range(8)]
+        if frag.trans:
+            out[t, i] = (starts[2 * (t % 4)] + t // 4, starts[2 * (t % 4) + 1] + t // 4)
+        else:
+            out[t, i] = (starts[t // 4] + 2 * (t % 4), starts[t // 4] + 2 * (t % 4) + 1)
+    return out
+
+
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize(("role", "pair"), [("a", 1), ("b", 1), ("b", 2)])
+def test_ldmatrix_addresses_give_the_mma_fragments(role, pair, trans):
+    # Each register half must hold the operand element PTX's mma.m16n8k16 fragment layout assigns to it:
+    # A (row-major 16×16): register i = rows g + 8(i%2), k 2(t%4) + j + 8(i/2); B (16×8, k × n): register i =
+    # k 2(t%4) + j + 8i, column g; a pair of B tiles: registers 2, 3 are the next tile's.  g = lane / 4.
+    frag = LdmatrixFragment(role, trans, pair)
+    stride, tile, k = 40, 1, 16
+    got = _ldmatrix(frag, stride, tile, k)
+    for (t, i), halves in got.items():
+        g, q = t // 4, t % 4
+        for j, offset in enumerate(halves):
+            outer, inner = divmod(offset, stride)
+            if role == "a":
+                row, kk = (inner, outer) if trans else (outer, inner)
+                assert (row, kk) == (tile * 16 + g + 8 * (i % 2), k + 2 * q + j + 8 * (i // 2)), (t, i, j)
+            else:
+                n, kk = (inner, outer) if trans else (outer, inner)
+                which, half = (i // 2, i % 2) if pair > 1 else (0, i)
+                assert (n, kk) == ((tile + which) * 8 + g, k + 2 * q + j + 8 * half), (t, i, j)

@@ -336,6 +336,44 @@ M16N8 = FragmentLayout()
 
 
 @dataclass(frozen=True)
+class LdmatrixFragment:
+    """How a warp loads its ``mma.m16n8k16`` operand fragment from a staged operand with ``ldmatrix``.
+
+    ``role`` ``a`` (16 rows × 16 k: ``.x4``, four 8×8 matrices) or ``b`` (8 columns × 16 k: ``.x2``; two
+    neighbouring 8-column tiles with one ``.x4`` where ``pair`` is 2); ``trans`` where the operand lies
+    ``[k][rows]`` (``.trans`` reads the 8×8 matrices transposed).  Each lane gives the address of one row of
+    one 8×8 matrix (lanes ``8i..8i+7``: matrix ``i``), chosen so that register ``i`` of the fragment is the
+    part PTX's fragment layout assigns to it (A: rows ``g``, ``g + 8`` × k ``0..7``, ``8..15``; B: k ``0..7``,
+    ``8..15`` × column ``g``, with ``g = lane / 4``); ``tests/test_kernel_plans.py`` checks that by simulating
+    ``ldmatrix`` on the staged array.
+    """
+
+    role: str
+    trans: bool
+    pair: int = 1
+
+    @property
+    def registers(self) -> int:
+        return 4 if self.role == "a" or self.pair > 1 else 2
+
+    @property
+    def instruction(self) -> str:
+        return f"pf::ldmatrix_x{self.registers}{'_trans' if self.trans else ''}"
+
+    def address(self, lane: str, tile: str, k: str, stride: int) -> str:
+        """C text of the element a lane addresses in the staged array: ``tile`` is the 16-row strip (a) or the
+        8-column tile (b, the first of a pair), ``k`` the first k of the step, ``stride`` the array's row pitch."""
+        if self.role == "a":
+            if self.trans:
+                return f"({k} + {lane} % 8 + ({lane} / 16) * 8) * {stride} + {tile} * 16 + (({lane} / 8) % 2) * 8"
+            return f"({tile} * 16 + {lane} % 16) * {stride} + {k} + ({lane} / 16) * 8"
+        nt = f"({tile} + {lane} / 16)" if self.pair > 1 else tile
+        if self.trans:
+            return f"({k} + {lane} % 16) * {stride} + {nt} * 8"
+        return f"({nt} * 8 + {lane} % 8) * {stride} + {k} + (({lane} / 8) % 2) * 8"
+
+
+@dataclass(frozen=True)
 class OperandPlan:
     """Where one staged operand comes from before the product reads it.
 

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import axis_var
-from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, LOW, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, OperandPlan
+from polyfuse.emit_cpp.dotplan import (
+    BLOCK_REDUCE, FMA, LOW, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, LdmatrixFragment, OperandPlan,
+)
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume, publish
 from polyfuse.ir.dtypes import DType
@@ -190,26 +192,20 @@ def _mma_dot(em: CudaEmitter, plan: DotPlan, e: Dot, name: str | None,
         em.open(f"for (int pf_kk = pf_kg * 16; pf_kk < {kp}; pf_kk += {16 * kgroups})")
     else:
         em.open(f"for (int pf_kk = 0; pf_kk < {kp}; pf_kk += 16)")
-    if a.trans:
-        a_at = f"(pf_kk + pf_lane % 8 + (pf_lane / 16) * 8) * {a.stride} + pf_mt * 16 + ((pf_lane / 8) % 2) * 8"
-    else:
-        a_at = f"(pf_mt * 16 + pf_lane % 16) * {a.stride} + pf_kk + (pf_lane / 16) * 8"
-    _fragments(em, "pf_fa", 4, "pf::ldmatrix_x4_trans" if a.trans else "pf::ldmatrix_x4", sa, a_at, a.size, a.split)
+    fa = LdmatrixFragment("a", a.trans)
+    _fragments(em, "pf_fa", fa.registers, fa.instruction, sa, fa.address("pf_lane", "pf_mt", "pf_kk", a.stride),
+               a.size, a.split)
     em.line("#pragma unroll")
     em.open(f"for (int pf_nb = 0; pf_nb < {per}; pf_nb += {pair})" if pair > 1 else
             f"for (int pf_nb = 0; pf_nb < {per}; ++pf_nb)")
     em.line(f"const int pf_nt = pf_ng * {per} + pf_nb;")
     em.open(f"if (pf_nt < {ntiles})")
-    nt = "(pf_nt + pf_lane / 16)" if pair > 1 else "pf_nt"
-    if b.trans:
-        b_at = f"(pf_kk + pf_lane % 16) * {b.stride} + {nt} * 8"
-    else:
-        b_at = f"({nt} * 8 + pf_lane % 8) * {b.stride} + pf_kk + ((pf_lane / 8) % 2) * 8"
+    fb = LdmatrixFragment("b", b.trans, pair)
+    b_at = fb.address("pf_lane", "pf_nt", "pf_kk", b.stride)
     if pair > 1:
-        _paired_fragments(em, "pf::ldmatrix_x4_trans" if b.trans else "pf::ldmatrix_x4", sb, b_at, b.size, b.split)
+        _paired_fragments(em, fb.instruction, sb, b_at, b.size, b.split)
     else:
-        _fragments(em, "pf_fb", 2, "pf::ldmatrix_x2_trans" if b.trans else "pf::ldmatrix_x2", sb, b_at, b.size,
-                   b.split)
+        _fragments(em, "pf_fb", fb.registers, fb.instruction, sb, b_at, b.size, b.split)
     # The tiles' products with one part, then with the next: the mma of one accumulator are apart.
     for fa, fb in (("pf_fa", "pf_fb"), *((("pf_fa_lo", "pf_fb"),) if a.split else ()),
                    *((("pf_fa", "pf_fb_lo"),) if b.split else ())):
