@@ -8,7 +8,8 @@
 //
 // On CUDA it adds the tensor-core path: ldmatrix fragment loads and mma.sync m16n8k16 with f16 or
 // bf16 operands and f32 accumulators, and cp.async copies that stream tiles into shared memory
-// (sm_80 and later, sm_90a included).
+// (sm_80 and later, sm_90a included); and for sm_90a the warpgroup products (wgmma) on 128-byte-swizzled
+// shared-memory tiles, each tested on its own (tests/test_hopper_primitives.py).
 #pragma once
 
 #if defined(__HIPCC__)
@@ -197,6 +198,41 @@ PF_DEV void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
                  "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+
+// ---------------------------------------------------------------- Hopper warpgroup products (sm_90a)
+// A K-major 16-bit operand tile of rows of 64 elements (128 bytes) lies in 128-byte-swizzled shared memory:
+// the 16-byte chunk c of row r is stored at chunk c ^ (r % 8) of that row (atoms of 8 rows, 1024 bytes,
+// 1024-byte aligned).  Its wgmma descriptor: start address >> 4, leading byte offset unused (1), stride
+// byte offset 1024 >> 4 (from one 8-row atom to the next), swizzle mode 1 (128 B) at bits 62-63; the k16
+// step s of the tile starts 32 bytes further (+2 in the descriptor).
+PF_DEV int swizzle128(int row, int byte) { return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15); }
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+PF_DEV uint64_t wgmma_desc_k128(const void* tile) {
+    return (uint64_t((smem_addr(tile) & 0x3FFFF) >> 4)) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32)
+           | (uint64_t(1) << 62);
+}
+// Ordinary stores to shared memory become visible to the async proxy (wgmma, bulk copies) after this fence.
+PF_DEV void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+PF_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+PF_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> PF_DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+// d (+)= a * b over k16 for a warpgroup: a 64x16 (K-major, descriptor da), b 64x16 (K-major: the n rows of
+// b^T, descriptor db), f32 accumulators; accumulate = false starts from zero.  Register 4i+q of thread t
+// (warp w = t / 32, lane l) holds row 16w + l/4 + 8(q/2), column 8i + 2(l%4) + q%2.
+PF_DEV void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da, uint64_t db, bool accumulate) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(accumulate ? 1 : 0));
 }
 #endif
 

@@ -336,6 +336,31 @@ M16N8 = FragmentLayout()
 
 
 @dataclass(frozen=True)
+class WarpgroupFragment:
+    """Where the f32 accumulators of ``wgmma.m64nNk16`` live: thread ``t`` of the warpgroup (warp ``t / 32``,
+    lane ``l``), register ``4i + q`` ↔ row ``16·(t/32) + l/4 + 8·(q/2)``, column ``8i + 2·(l%4) + q%2``: the
+    m16n8 pattern of :data:`M16N8`, one 16-row strip per warp and ``N / 8`` column tiles per thread
+    (``pf::wgmma_m64n64k16_f16``; checked on the GPU by ``tests/test_hopper_primitives.py``)."""
+
+    n: int
+
+    @property
+    def registers(self) -> int:
+        return self.n // 2
+
+    def element(self, thread: int, register: int) -> tuple[int, int]:
+        row, col = M16N8.element(thread % 32, register % 4)
+        return 16 * (thread // 32) + row, 8 * (register // 4) + col
+
+
+def swizzle128(row: int, byte: int) -> int:
+    """Byte offset of byte ``byte`` (< 128) of row ``row`` of a K-major tile of 128-byte rows in 128-byte-swizzled
+    shared memory (the layout wgmma and TMA read with swizzle mode 128 B): 16-byte chunk ``c`` of row ``r`` lies at
+    chunk ``c ^ (r % 8)`` (``pf::swizzle128``)."""
+    return row * 128 + (((byte >> 4) ^ row) & 7) * 16 + (byte & 15)
+
+
+@dataclass(frozen=True)
 class LdmatrixFragment:
     """How a warp loads its ``mma.m16n8k16`` operand fragment from a staged operand with ``ldmatrix``.
 

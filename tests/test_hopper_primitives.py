@@ -1,0 +1,108 @@
+"""Hopper primitives, each on its own before any kernel composes them: the 128-byte swizzle, the wgmma shared-memory
+descriptor and the warpgroup accumulator layout (``runtime/polyfuse_gpu.h``, :mod:`polyfuse.emit_cpp.dotplan`).
+
+The GPU test stages two random f16 tiles in swizzled shared memory with ``pf::swizzle128``, multiplies them with
+four ``pf::wgmma_m64n64k16_f16`` steps (k = 64) and dumps every thread's raw accumulator registers; the host maps
+them back with :class:`~polyfuse.emit_cpp.dotplan.WarpgroupFragment` and compares with NumPy in float64.  So the
+descriptor, the swizzle and the fragment layout are checked together against the hardware.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from polyfuse.emit_cpp.dotplan import WarpgroupFragment, swizzle128
+from polyfuse.errors import BackendUnavailable
+from polyfuse.runtime.compiler import CompileOptions
+from polyfuse.runtime.gpu_compiler import compile_gpu
+
+KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// c[t * 32 + r] = register r of thread t after d = a · bᵀ (a, b: 64 × 64 f16, row-major, k fastest).
+extern "C" __global__ void __launch_bounds__(128) wgmma_probe(const uint16_t* __restrict__ a,
+                                                             const uint16_t* __restrict__ b, float* __restrict__ c)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sa = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sb = reinterpret_cast<uint16_t*>(pf_smem + 64 * 128);
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 64; e += 128) {
+        const int at = pf::swizzle128(e / 64, (e % 64) * 2) / 2;
+        sa[at] = a[e];
+        sb[at] = b[e];
+    }
+    __syncthreads();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pf::fence_async_shared();
+    float d[32];
+#pragma unroll
+    for (int r = 0; r < 32; ++r) d[r] = 0.0f;
+    pf::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)  // k steps of 16: 32 bytes further along the swizzled rows (+2 in the descriptor)
+        pf::wgmma_m64n64k16_f16(d, pf::wgmma_desc_k128(sa) + 2 * s, pf::wgmma_desc_k128(sb) + 2 * s, s > 0);
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 32; ++r) c[t * 32 + r] = d[r];
+#endif
+}
+"""
+
+
+def test_swizzle128_permutes_the_chunks_of_each_row():
+    for row in range(16):
+        offsets = [swizzle128(row, byte) for byte in range(128)]
+        assert sorted(offsets) == list(range(row * 128, row * 128 + 128))
+        assert [swizzle128(row, 16 * c) // 16 % 8 for c in range(8)] == [c ^ (row % 8) for c in range(8)]
+        assert all(swizzle128(row, 16 * c + b) == swizzle128(row, 16 * c) + b for c in range(8) for b in range(16))
+
+
+def test_the_warpgroup_fragment_covers_the_tile_once():
+    layout = WarpgroupFragment(64)
+    seen = [layout.element(t, r) for t, r in itertools.product(range(128), range(layout.registers))]
+    assert sorted(seen) == sorted(itertools.product(range(64), range(64)))
+
+
+@pytest.mark.nvcc
+def test_the_hopper_primitives_compile_for_sm_90a():
+    compile_gpu(KERNEL, "wgmma_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
+
+
+@pytest.mark.gpu
+def test_wgmma_m64n64k16_matches_numpy():
+    from polyfuse.runtime.loaders import loader
+
+    try:
+        driver = loader("cuda")
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    if driver.device_spec().arch != "sm_90a":
+        pytest.skip(f"wgmma needs sm_90a; the device is {driver.device_spec().arch}")
+    image = compile_gpu(KERNEL, "wgmma_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    function = driver.function(driver.load(image.read_bytes()), "wgmma_probe", 2 * 64 * 128)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((64, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    raw = np.zeros(128 * 32, np.float32)
+    pointers, owners = [], []
+    for host in (a, b, raw):
+        pointer, owner = driver.alloc(host.nbytes)
+        driver.to_device(pointer, host.ctypes.data, host.nbytes)
+        pointers.append(pointer)
+        owners.append(owner)
+    driver.launch(function, 1, 128, 2 * 64 * 128, pointers, [])
+    driver.synchronize()
+    driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
+    layout = WarpgroupFragment(64)
+    c = np.full((64, 64), np.nan)
+    for t, r in itertools.product(range(128), range(layout.registers)):
+        c[layout.element(t, r)] = raw[t * 32 + r]
+    exact = a.astype(np.float64) @ b.astype(np.float64).T
+    # Products of f16 values are exact in f32; 64 additions in f32 round each partial sum by at most 2^-24.
+    bound = 64 * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+    assert np.all(np.abs(c - exact) <= bound), float(np.max(np.abs(c - exact) - bound))
