@@ -221,6 +221,27 @@ template <int N> PF_DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.
 // d (+)= a * b over k16 for a warpgroup: a 64x16 (K-major, descriptor da), b 64x16 (K-major: the n rows of
 // b^T, descriptor db), f32 accumulators; accumulate = false starts from zero.  Register 4i+q of thread t
 // (warp w = t / 32, lane l) holds row 16w + l/4 + 8(q/2), column 8i + 2(l%4) + q%2.
+// mbarrier (one 64-bit word of shared memory): init with the number of arrivals a phase needs; a thread that
+// issues bulk copies announces their bytes (arrive + expect_tx); waiting on the phase's parity returns once the
+// arrivals and the bytes are complete.  A bulk tensor copy (TMA) brings one box of a 2-D tensor map into shared
+// memory (swizzled as the map says), completing its bytes on the barrier.
+PF_DEV void mbarrier_init(uint64_t* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n"
+                 "fence.mbarrier_init.release.cluster;\n" :: "r"(smem_addr(bar)), "r"(count) : "memory");
+}
+PF_DEV void mbarrier_expect_tx(uint64_t* bar, int bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(bytes)
+                 : "memory");
+}
+PF_DEV void mbarrier_wait(uint64_t* bar, int parity) {
+    asm volatile("{\n.reg .pred done;\nwait:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+                 "@!done bra wait;\n}\n" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
+}
+PF_DEV void tma_load_2d(void* dst, const void* tensor_map, int x, int y, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+                 :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
+}
 PF_DEV void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da, uint64_t db, bool accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "

@@ -1,10 +1,13 @@
 """Hopper primitives, each on its own before any kernel composes them: the 128-byte swizzle, the wgmma shared-memory
-descriptor and the warpgroup accumulator layout (``runtime/polyfuse_gpu.h``, :mod:`polyfuse.emit_cpp.dotplan`).
+descriptor, the warpgroup accumulator layout, the mbarrier and the bulk tensor copy (TMA) with host-encoded tensor
+maps (``runtime/polyfuse_gpu.h``, :mod:`polyfuse.emit_cpp.dotplan`, :mod:`polyfuse.runtime.tma`).
 
-The GPU test stages two random f16 tiles in swizzled shared memory with ``pf::swizzle128``, multiplies them with
-four ``pf::wgmma_m64n64k16_f16`` steps (k = 64) and dumps every thread's raw accumulator registers; the host maps
-them back with :class:`~polyfuse.emit_cpp.dotplan.WarpgroupFragment` and compares with NumPy in float64.  So the
-descriptor, the swizzle and the fragment layout are checked together against the hardware.
+The first GPU test stages two random f16 tiles in swizzled shared memory with ``pf::swizzle128``, multiplies them
+with four ``pf::wgmma_m64n64k16_f16`` steps (k = 64) and dumps every thread's raw accumulator registers; the host
+maps them back with :class:`~polyfuse.emit_cpp.dotplan.WarpgroupFragment` and compares with NumPy in float64.  The
+second brings the tiles by TMA instead, completing on an mbarrier, checks that they land where ``swizzle128`` says
+and multiplies them the same way.  So descriptor, swizzle, fragment layout, tensor map, box and barrier phase are
+checked against the hardware.
 """
 
 from __future__ import annotations
@@ -54,6 +57,81 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_probe(const uint16_t* __
 """
 
 
+TMA_KERNEL = r"""
+#include <cuda.h>
+#include "polyfuse_gpu.h"
+
+// Two 64 x 64 f16 boxes brought by the bulk tensor copy into 128-byte-swizzled shared memory, completing on one
+// mbarrier; raw = a's shared tile as it lies there, c[t * 32 + r] = register r of thread t of a · bᵀ by wgmma.
+extern "C" __global__ void __launch_bounds__(128) tma_probe(const __grid_constant__ CUtensorMap ta,
+                                                           const __grid_constant__ CUtensorMap tb,
+                                                           uint16_t* __restrict__ raw, float* __restrict__ c)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sa = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sb = reinterpret_cast<uint16_t*>(pf_smem + 8192);
+    uint64_t* bar = reinterpret_cast<uint64_t*>(pf_smem + 16384);
+    const int t = static_cast<int>(threadIdx.x);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (t == 0) pf::mbarrier_init(bar, 1);
+    __syncthreads();
+    if (t == 0) {
+        pf::mbarrier_expect_tx(bar, 2 * 8192);
+        pf::tma_load_2d(sa, &ta, 0, 0, bar);
+        pf::tma_load_2d(sb, &tb, 0, 0, bar);
+    }
+    pf::mbarrier_wait(bar, 0);
+    for (int e = t; e < 64 * 64; e += 128) raw[e] = sa[e];
+    float d[32];
+#pragma unroll
+    for (int r = 0; r < 32; ++r) d[r] = 0.0f;
+    pf::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s)
+        pf::wgmma_m64n64k16_f16(d, pf::wgmma_desc_k128(sa) + 2 * s, pf::wgmma_desc_k128(sb) + 2 * s, s > 0);
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 32; ++r) c[t * 32 + r] = d[r];
+#endif
+}
+"""
+
+
+def _sm90_driver():
+    from polyfuse.runtime.loaders import loader
+
+    try:
+        driver = loader("cuda")
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    if driver.device_spec().arch != "sm_90a":
+        pytest.skip(f"wgmma needs sm_90a; the device is {driver.device_spec().arch}")
+    return driver
+
+
+def _upload(driver, *arrays):
+    pointers, owners = [], []
+    for host in arrays:
+        pointer, owner = driver.alloc(host.nbytes)
+        driver.to_device(pointer, host.ctypes.data, host.nbytes)
+        pointers.append(pointer)
+        owners.append(owner)
+    return pointers, owners
+
+
+def _product(raw: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
+    """The warpgroup's registers mapped back by WarpgroupFragment equal a · bᵀ within f32 accumulation."""
+    layout = WarpgroupFragment(64)
+    c = np.full((64, 64), np.nan)
+    for t, r in itertools.product(range(128), range(layout.registers)):
+        c[layout.element(t, r)] = raw[t * 32 + r]
+    exact = a.astype(np.float64) @ b.astype(np.float64).T
+    # Products of f16 values are exact in f32; 64 additions in f32 round each partial sum by at most 2^-24.
+    bound = 64 * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
+    assert np.all(np.abs(c - exact) <= bound), float(np.max(np.abs(c - exact) - bound))
+
+
 def test_swizzle128_permutes_the_chunks_of_each_row():
     for row in range(16):
         offsets = [swizzle128(row, byte) for byte in range(128)]
@@ -69,40 +147,56 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-def test_the_hopper_primitives_compile_for_sm_90a():
-    compile_gpu(KERNEL, "wgmma_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
+@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL], ids=["wgmma", "tma"])
+def test_the_hopper_primitives_compile_for_sm_90a(kernel):
+    compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
 
 @pytest.mark.gpu
 def test_wgmma_m64n64k16_matches_numpy():
-    from polyfuse.runtime.loaders import loader
-
-    try:
-        driver = loader("cuda")
-    except BackendUnavailable as err:
-        pytest.skip(str(err))
-    if driver.device_spec().arch != "sm_90a":
-        pytest.skip(f"wgmma needs sm_90a; the device is {driver.device_spec().arch}")
+    driver = _sm90_driver()
     image = compile_gpu(KERNEL, "wgmma_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
     function = driver.function(driver.load(image.read_bytes()), "wgmma_probe", 2 * 64 * 128)
     rng = np.random.default_rng(0)
     a = rng.standard_normal((64, 64)).astype(np.float16)
     b = rng.standard_normal((64, 64)).astype(np.float16)
     raw = np.zeros(128 * 32, np.float32)
-    pointers, owners = [], []
-    for host in (a, b, raw):
-        pointer, owner = driver.alloc(host.nbytes)
-        driver.to_device(pointer, host.ctypes.data, host.nbytes)
-        pointers.append(pointer)
-        owners.append(owner)
+    pointers, _owners = _upload(driver, a, b, raw)
     driver.launch(function, 1, 128, 2 * 64 * 128, pointers, [])
     driver.synchronize()
     driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
-    layout = WarpgroupFragment(64)
-    c = np.full((64, 64), np.nan)
-    for t, r in itertools.product(range(128), range(layout.registers)):
-        c[layout.element(t, r)] = raw[t * 32 + r]
-    exact = a.astype(np.float64) @ b.astype(np.float64).T
-    # Products of f16 values are exact in f32; 64 additions in f32 round each partial sum by at most 2^-24.
-    bound = 64 * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T)
-    assert np.all(np.abs(c - exact) <= bound), float(np.max(np.abs(c - exact) - bound))
+    _product(raw, a, b)
+
+
+@pytest.mark.gpu
+def test_tma_boxes_land_swizzled_and_feed_wgmma():
+    """Two boxes by the bulk tensor copy (tensor maps from polyfuse.runtime.tma), completed on an mbarrier: a's
+    tile lies in shared memory exactly as pf::swizzle128 says, and wgmma reads both tiles into a · bᵀ."""
+    import ctypes
+
+    from polyfuse.runtime.tma import encode_2d
+
+    driver = _sm90_driver()
+    if not hasattr(driver, "cu"):
+        pytest.skip("passing a tensor map by value needs the cuda-python loader's cuLaunchKernel")
+    image = compile_gpu(TMA_KERNEL, "tma_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    shared = 2 * 8192 + 8
+    function = driver.function(driver.load(image.read_bytes()), "tma_probe", shared)
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 64)).astype(np.float16)
+    raw = np.zeros(64 * 64, np.uint16)
+    out = np.zeros(128 * 32, np.float32)
+    pointers, _owners = _upload(driver, a, b, raw, out)
+    maps = [(ctypes.c_uint8 * 128).from_buffer_copy(encode_2d(p, "f16", 64, 64, 128, 64, 64)) for p in pointers[:2]]
+    values = [*maps, ctypes.c_void_p(pointers[2]), ctypes.c_void_p(pointers[3])]
+    params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in values])
+    driver.check(driver.cu.cuLaunchKernel(function, 1, 1, 1, 128, 1, 1, shared, 0, ctypes.addressof(params), 0),
+                 "cuLaunchKernel")
+    driver.synchronize()
+    driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
+    driver.to_host(out.ctypes.data, pointers[3], out.nbytes)
+    bits = a.view(np.uint16)
+    for row, col in itertools.product(range(64), range(64)):
+        assert raw[swizzle128(row, 2 * col) // 2] == bits[row, col], (row, col)
+    _product(out, a, b)
