@@ -259,6 +259,15 @@ PF_DEV void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da, uint64_t db, bool a
 // 64x16 fragment in four registers of two f16 each, as mma.m16n8k16's A per warp (warp w: rows 16w + l/4 (+8),
 // k 2(l%4) (+1) (+8)); b 16x64 N-major (rows of 64 n, 128-byte swizzled, 8-row atoms 1024 bytes apart: the value
 // tile [key][dv] of attention), descriptor db with the transpose bit; a k16 step is 2048 bytes further (+128).
+// The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
+// 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
+// rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half).  S is a constant: the registers
+// stay registers.
+template <int S> PF_DEV void accumulators_as_a_f16(uint32_t (&a)[4], const float (&d)[32]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
+}
 PF_DEV void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, bool accumulate) {
     asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "

@@ -137,6 +137,59 @@ extern "C" __global__ void __launch_bounds__(128) rs_probe(const uint16_t* __res
 """
 
 
+CHAIN_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// s = q · kᵀ (both operands from swizzled shared memory), then o = f16(s) · v with f16(s) taken from s's
+// accumulators as the A operand in registers; dumps s and o, register r of thread t at t * 32 + r.
+extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __restrict__ q,
+                                                             const uint16_t* __restrict__ k,
+                                                             const uint16_t* __restrict__ v,
+                                                             float* __restrict__ s_out, float* __restrict__ o_out)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sq = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sk = reinterpret_cast<uint16_t*>(pf_smem + 8192);
+    uint16_t* sv = reinterpret_cast<uint16_t*>(pf_smem + 16384);
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 64; e += 128) {
+        const int at = pf::swizzle128(e / 64, (e % 64) * 2) / 2;
+        sq[at] = q[e];
+        sk[at] = k[e];
+        sv[at] = v[e];
+    }
+    __syncthreads();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pf::fence_async_shared();
+    float s[32], o[32];
+#pragma unroll
+    for (int r = 0; r < 32; ++r) s[r] = o[r] = 0.0f;
+    pf::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        pf::wgmma_m64n64k16_f16(s, pf::wgmma_desc_k128(sq) + 2 * j, pf::wgmma_desc_k128(sk) + 2 * j, j > 0);
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+    uint32_t p[4][4];
+    pf::accumulators_as_a_f16<0>(p[0], s);
+    pf::accumulators_as_a_f16<1>(p[1], s);
+    pf::accumulators_as_a_f16<2>(p[2], s);
+    pf::accumulators_as_a_f16<3>(p[3], s);
+    pf::wgmma_fence();
+#pragma unroll
+    for (int j = 0; j < 4; ++j) pf::wgmma_m64n64k16_f16_rs(o, p[j], pf::wgmma_desc_k128(sv) + 128 * j, j > 0);
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 32; ++r) {
+        s_out[t * 32 + r] = s[r];
+        o_out[t * 32 + r] = o[r];
+    }
+#endif
+}
+"""
+
+
 def _sm90_driver():
     from polyfuse.runtime.loaders import loader
 
@@ -179,6 +232,17 @@ def test_swizzle128_permutes_the_chunks_of_each_row():
         assert all(swizzle128(row, 16 * c + b) == swizzle128(row, 16 * c) + b for c in range(8) for b in range(16))
 
 
+def test_accumulators_are_the_next_products_a_fragments():
+    # Register pair (8s + 2q, +1) of a thread holds, as this product's (row, column), the (row, k) that PTX's A
+    # fragment of k16 step s puts in its register q: rows g (+8 for odd q), k 16s + 2(l%4) (+8 for q >= 2).
+    layout = WarpgroupFragment(64)
+    for t, step, q in itertools.product(range(128), range(4), range(4)):
+        lo, hi = layout.as_a_operand(step)[q]
+        row = 16 * (t // 32) + (t % 32) // 4 + 8 * (q % 2)
+        k = 16 * step + 2 * (t % 4) + 8 * (q // 2)
+        assert (layout.element(t, lo), layout.element(t, hi)) == ((row, k), (row, k + 1))
+
+
 def test_the_warpgroup_fragment_covers_the_tile_once():
     layout = WarpgroupFragment(64)
     seen = [layout.element(t, r) for t, r in itertools.product(range(128), range(layout.registers))]
@@ -186,7 +250,7 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL], ids=["wgmma", "tma", "rs"])
+@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL], ids=["wgmma", "tma", "rs", "chain"])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -256,3 +320,31 @@ def test_wgmma_with_a_from_registers_and_an_n_major_b_matches_numpy():
     driver.synchronize()
     driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
     _product(raw, p, v.T.copy())
+
+
+def _fragments(raw: np.ndarray) -> np.ndarray:
+    layout = WarpgroupFragment(64)
+    out = np.full((64, 64), np.nan)
+    for t, r in itertools.product(range(128), range(layout.registers)):
+        out[layout.element(t, r)] = raw[t * 32 + r]
+    return out
+
+
+@pytest.mark.gpu
+def test_accumulators_feed_the_next_product_from_registers():
+    """S = Q·Kᵀ by wgmma, P = f16(S) straight from S's accumulators into the A fragments of P·V (RS form): S matches
+    NumPy within the f32 bound, and O matches f16(S as computed)·V within it."""
+    driver = _sm90_driver()
+    image = compile_gpu(CHAIN_KERNEL, "chain_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    function = driver.function(driver.load(image.read_bytes()), "chain_probe", 3 * 8192)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((64, 64)).astype(np.float16) * np.float16(0.25) for _ in range(3))
+    s_raw, o_raw = np.zeros(128 * 32, np.float32), np.zeros(128 * 32, np.float32)
+    pointers, _owners = _upload(driver, q, k, v, s_raw, o_raw)
+    driver.launch(function, 1, 128, 3 * 8192, pointers, [])
+    driver.synchronize()
+    driver.to_host(s_raw.ctypes.data, pointers[3], s_raw.nbytes)
+    driver.to_host(o_raw.ctypes.data, pointers[4], o_raw.nbytes)
+    _product(s_raw, q, k)
+    p = _fragments(s_raw).astype(np.float32).astype(np.float16)  # (the kernel's rounding: to nearest even)
+    _product(o_raw, p, v.T.copy())

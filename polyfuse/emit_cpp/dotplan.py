@@ -352,6 +352,12 @@ class WarpgroupFragment:
         row, col = M16N8.element(thread % 32, register % 4)
         return 16 * (thread // 32) + row, 8 * (register // 4) + col
 
+    def as_a_operand(self, step: int) -> tuple[tuple[int, int], ...]:
+        """The register pairs that form the A fragment (four 32-bit registers of two 16-bit values) of k16 step
+        ``step`` of a product whose k is this product's columns: registers ``8·step + 2q`` and ``+1``
+        (``pf::accumulators_as_a_f16``), so P goes from S's accumulators to P·V without shared memory."""
+        return tuple((8 * step + 2 * q, 8 * step + 2 * q + 1) for q in range(4))
+
 
 def swizzle128(row: int, byte: int) -> int:
     """Byte offset of byte ``byte`` (< 128) of row ``row`` of a K-major tile of 128-byte rows in 128-byte-swizzled
