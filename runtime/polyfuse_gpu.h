@@ -233,6 +233,13 @@ PF_DEV void mbarrier_expect_tx(uint64_t* bar, int bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" :: "r"(smem_addr(bar)), "r"(bytes)
                  : "memory");
 }
+PF_DEV void mbarrier_arrive(uint64_t* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_addr(bar)) : "memory");
+}
+// Warp specialisation: a warpgroup hands registers back (a producer that only issues copies) or takes them
+// (the consumers that hold accumulators); every warp of the warpgroup executes it.
+template <int N> PF_DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
+template <int N> PF_DEV void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
 PF_DEV void mbarrier_wait(uint64_t* bar, int parity) {
     asm volatile("{\n.reg .pred done;\nwait:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"

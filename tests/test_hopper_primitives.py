@@ -190,6 +190,68 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
 """
 
 
+PIPELINE_KERNEL = r"""
+#include <cuda.h>
+#include "polyfuse_gpu.h"
+
+// d = Σ_j q · k_jᵀ over the TILES 64-row tiles k_j of k: a producer warpgroup (one thread) brings k_j by TMA into
+// a ring of two stages, a consumer warpgroup multiplies; full[s] completes with the copy's bytes, empty[s] when
+// the consumer is done with stage s; the phase of stage s at tile j is (j / 2) & 1.
+extern "C" __global__ void __launch_bounds__(256, 1) pipeline_probe(const __grid_constant__ CUtensorMap tk,
+                                                                   const uint16_t* __restrict__ q,
+                                                                   float* __restrict__ c, const int64_t tiles)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sq = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sk = reinterpret_cast<uint16_t*>(pf_smem + 8192);  // two stages of 8192 bytes
+    uint64_t* full = reinterpret_cast<uint64_t*>(pf_smem + 3 * 8192);
+    uint64_t* empty = full + 2;
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 64; e += 256) sq[pf::swizzle128(e / 64, (e % 64) * 2) / 2] = q[e];
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (t == 0) {
+        for (int s = 0; s < 2; ++s) {
+            pf::mbarrier_init(&full[s], 1);
+            pf::mbarrier_init(&empty[s], 1);
+        }
+    }
+    pf::fence_async_shared();
+    __syncthreads();
+    if (t < 128) {
+        pf::setmaxnreg_dec<40>();
+        if (t == 0) {
+            for (int j = 0; j < tiles; ++j) {
+                const int s = j % 2;
+                if (j >= 2) pf::mbarrier_wait(&empty[s], ((j / 2) & 1) ^ 1);
+                pf::mbarrier_expect_tx(&full[s], 8192);
+                pf::tma_load_2d(sk + s * 4096, &tk, 0, 64 * j, &full[s]);
+            }
+        }
+    } else {
+        pf::setmaxnreg_inc<232>();
+        float d[32];
+#pragma unroll
+        for (int r = 0; r < 32; ++r) d[r] = 0.0f;
+        for (int j = 0; j < tiles; ++j) {
+            const int s = j % 2;
+            pf::mbarrier_wait(&full[s], (j / 2) & 1);
+            pf::wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                pf::wgmma_m64n64k16_f16(d, pf::wgmma_desc_k128(sq) + 2 * k, pf::wgmma_desc_k128(sk + s * 4096) + 2 * k,
+                                        true);
+            pf::wgmma_commit();
+            pf::wgmma_wait<0>();
+            if (t == 128) pf::mbarrier_arrive(&empty[s]);
+        }
+#pragma unroll
+        for (int r = 0; r < 32; ++r) c[(t - 128) * 32 + r] = d[r];
+    }
+#endif
+}
+"""
+
+
 def _sm90_driver():
     from polyfuse.runtime.loaders import loader
 
@@ -250,7 +312,8 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL], ids=["wgmma", "tma", "rs", "chain"])
+@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL],
+                         ids=["wgmma", "tma", "rs", "chain", "pipeline"])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -348,3 +411,37 @@ def test_accumulators_feed_the_next_product_from_registers():
     _product(s_raw, q, k)
     p = _fragments(s_raw).astype(np.float32).astype(np.float16)  # (the kernel's rounding: to nearest even)
     _product(o_raw, p, v.T.copy())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [1, 2, 7])
+def test_a_producer_warpgroup_feeds_a_consumer_through_a_two_stage_ring(tiles):
+    """Warp specialisation with setmaxnreg, TMA into a ring of two stages, full/empty mbarriers whose phases flip
+    every two tiles: d = Σ_j q·k_jᵀ matches NumPy within the f32 bound of its 64·tiles additions."""
+    import ctypes
+
+    from polyfuse.runtime.tma import encode_2d
+
+    driver = _sm90_driver()
+    if not hasattr(driver, "cu"):
+        pytest.skip("passing a tensor map by value needs the cuda-python loader's cuLaunchKernel")
+    image = compile_gpu(PIPELINE_KERNEL, "pipeline_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    shared = 3 * 8192 + 32
+    function = driver.function(driver.load(image.read_bytes()), "pipeline_probe", shared)
+    rng = np.random.default_rng(4)
+    k = rng.standard_normal((64 * tiles, 64)).astype(np.float16)
+    q = rng.standard_normal((64, 64)).astype(np.float16)
+    out = np.zeros(128 * 32, np.float32)
+    pointers, _owners = _upload(driver, k, q, out)
+    tensor_map = (ctypes.c_uint8 * 128).from_buffer_copy(encode_2d(pointers[0], "f16", 64 * tiles, 64, 128, 64, 64))
+    values = [tensor_map, ctypes.c_void_p(pointers[1]), ctypes.c_void_p(pointers[2]), ctypes.c_int64(tiles)]
+    params = (ctypes.c_void_p * 4)(*[ctypes.addressof(v) for v in values])
+    driver.check(driver.cu.cuLaunchKernel(function, 1, 1, 1, 256, 1, 1, shared, 0, ctypes.addressof(params), 0),
+                 "cuLaunchKernel")
+    driver.synchronize()
+    driver.to_host(out.ctypes.data, pointers[2], out.nbytes)
+    c = _fragments(out)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    exact = sum(q64 @ k64[64 * j:64 * j + 64].T for j in range(tiles))
+    bound = 64 * tiles * 2.0 ** -24 * sum(np.abs(q64) @ np.abs(k64[64 * j:64 * j + 64]).T for j in range(tiles))
+    assert np.all(np.abs(c - exact) <= bound + 2.0 ** -126), float(np.max(np.abs(c - exact) - bound))
