@@ -252,6 +252,88 @@ extern "C" __global__ void __launch_bounds__(256, 1) pipeline_probe(const __grid
 """
 
 
+ATTENTION_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// One warpgroup, 64 query rows, keys in tiles of 64 (d = dv = 64, f16): S = Q·Kᵀ by wgmma, the online softmax on
+// S's accumulators in registers (a row's 16 values in a thread, the other 48 in the 3 lanes of its quad: two
+// xor shuffles), P rounded once to f16 straight into P·V's A operand, O rescaled in its accumulators.
+extern "C" __global__ void __launch_bounds__(128) attention_probe(const uint16_t* __restrict__ q,
+                                                                 const uint16_t* __restrict__ k,
+                                                                 const uint16_t* __restrict__ v,
+                                                                 float* __restrict__ out, const int64_t tiles)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sq = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sk = reinterpret_cast<uint16_t*>(pf_smem + 8192);
+    uint16_t* sv = reinterpret_cast<uint16_t*>(pf_smem + 16384);
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 64; e += 128) sq[pf::swizzle128(e / 64, (e % 64) * 2) / 2] = q[e];
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const float scale = 0.125f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, s[32], o[32];
+#pragma unroll
+    for (int r = 0; r < 32; ++r) o[r] = 0.0f;
+    for (int j = 0; j < tiles; ++j) {
+        for (int e = t; e < 64 * 64; e += 128) {
+            const int at = pf::swizzle128(e / 64, (e % 64) * 2) / 2;
+            sk[at] = k[j * 4096 + e];
+            sv[at] = v[j * 4096 + e];
+        }
+        pf::fence_async_shared();
+        __syncthreads();
+        pf::wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < 4; ++c)
+            pf::wgmma_m64n64k16_f16(s, pf::wgmma_desc_k128(sq) + 2 * c, pf::wgmma_desc_k128(sk) + 2 * c, c > 0);
+        pf::wgmma_commit();
+        pf::wgmma_wait<0>();
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {  // row g (+8 for h = 1) of the warp's strip: registers 4i + 2h, 4i + 2h + 1
+            float top = m[h];
+#pragma unroll
+            for (int i = 0; i < 8; ++i) top = fmaxf(top, fmaxf(s[4 * i + 2 * h], s[4 * i + 2 * h + 1]) * scale);
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 1));
+            top = fmaxf(top, __shfl_xor_sync(0xffffffffu, top, 2));
+            const float rescale = expf(m[h] - top);
+            float sum = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+#pragma unroll
+                for (int c = 0; c < 2; ++c) {
+                    const float p = expf(s[4 * i + 2 * h + c] * scale - top);
+                    s[4 * i + 2 * h + c] = p;
+                    sum += p;
+                }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            l[h] = l[h] * rescale + sum;
+            m[h] = top;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) {
+                o[4 * i + 2 * h] *= rescale;
+                o[4 * i + 2 * h + 1] *= rescale;
+            }
+        }
+        uint32_t p[4][4];
+        pf::accumulators_as_a_f16<0>(p[0], s);
+        pf::accumulators_as_a_f16<1>(p[1], s);
+        pf::accumulators_as_a_f16<2>(p[2], s);
+        pf::accumulators_as_a_f16<3>(p[3], s);
+        pf::wgmma_fence();
+#pragma unroll
+        for (int c = 0; c < 4; ++c) pf::wgmma_m64n64k16_f16_rs(o, p[c], pf::wgmma_desc_k128(sv) + 128 * c, true);
+        pf::wgmma_commit();
+        pf::wgmma_wait<0>();
+        __syncthreads();  // every warp is done with this tile before the next one overwrites it
+    }
+#pragma unroll
+    for (int r = 0; r < 32; ++r) out[t * 32 + r] = o[r] / l[(r % 4) / 2];
+#endif
+}
+"""
+
+
 def _sm90_driver():
     from polyfuse.runtime.loaders import loader
 
@@ -312,8 +394,8 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL],
-                         ids=["wgmma", "tma", "rs", "chain", "pipeline"])
+@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL, ATTENTION_KERNEL],
+                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention"])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -445,3 +527,34 @@ def test_a_producer_warpgroup_feeds_a_consumer_through_a_two_stage_ring(tiles):
     exact = sum(q64 @ k64[64 * j:64 * j + 64].T for j in range(tiles))
     bound = 64 * tiles * 2.0 ** -24 * sum(np.abs(q64) @ np.abs(k64[64 * j:64 * j + 64]).T for j in range(tiles))
     assert np.all(np.abs(c - exact) <= bound + 2.0 ** -126), float(np.max(np.abs(c - exact) - bound))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tiles", [1, 3])
+def test_online_softmax_on_the_accumulators_matches_attention(tiles):
+    """The register-resident step the Hopper prefill path composes: O = softmax(Q·Kᵀ/8)·V over 64·tiles keys, the
+    statistics on S's fragment rows and P rounded once to f16 into P·V's registers.  Bound (GPU.md, numerics of
+    rounding P once): (2⁻¹¹ + Skv·2⁻²⁵)·max|v| for P, plus the f32 exp and sums, (4 + 2·Skv)·2⁻²⁴·max|v|, and
+    the f32 error of the scores."""
+    driver = _sm90_driver()
+    image = compile_gpu(ATTENTION_KERNEL, "attention_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    function = driver.function(driver.load(image.read_bytes()), "attention_probe", 3 * 8192)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((64, 64)).astype(np.float16)
+    k = rng.standard_normal((64 * tiles, 64)).astype(np.float16)
+    v = rng.standard_normal((64 * tiles, 64)).astype(np.float16)
+    raw = np.zeros(128 * 32, np.float32)
+    pointers, _owners = _upload(driver, q, k, v, raw)
+    driver.launch(function, 1, 128, 3 * 8192, pointers, [tiles])
+    driver.synchronize()
+    driver.to_host(raw.ctypes.data, pointers[3], raw.nbytes)
+    scores = q.astype(np.float64) @ k.astype(np.float64).T / 8
+    weights = np.exp(scores - scores.max(axis=1, keepdims=True))
+    exact = weights @ v.astype(np.float64) / weights.sum(axis=1, keepdims=True)
+    keys = 64 * tiles
+    # S's f32 sums are off by at most δ = 64·2⁻²⁴·Σ|q||k| / 8, which moves the weighted mean by at most 2δ·max|v|.
+    delta = 64 * 2.0 ** -24 * (np.abs(q.astype(np.float64)) @ np.abs(k.astype(np.float64)).T).max() / 8
+    terms = 2.0 ** -11 + keys * 2.0 ** -25 + (4 + 2 * keys) * 2.0 ** -24 + 2 * delta
+    bound = terms * np.abs(v.astype(np.float64)).max()
+    err = np.abs(_fragments(raw) - exact).max()
+    assert err <= bound, (err, bound)
