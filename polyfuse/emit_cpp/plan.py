@@ -578,10 +578,7 @@ def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> Non
         for r in lp.resident:
             lines.append(f"{indent}  resident: {r.tensor} in shared memory {r.name} ({r.nbytes} bytes at "
                          f"{lp.offsets[r.name]})")
-        for tile, text in zip(lp.streams.kept if lp.streams is not None else (),
-                              lp.streams.describe() if lp.streams is not None else (), strict=False):
-            lines.append(f"{indent}  kept: {text}, at {lp.offsets[tile.buffer]}")
-        for text in (lp.streams.describe()[len(lp.streams.kept):] if lp.streams is not None else ()):
+        for text in lp.streams.describe(lp.offsets) if lp.streams is not None else ():
             lines.append(f"{indent}  kept: {text}")
         _describe_stmt(k, s.body, lines, indent + "  ")
     elif isinstance(s, TileStore):

@@ -22,7 +22,7 @@ operands that read an input tensor (no statement of the kernel writes it).  :fun
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -89,9 +89,11 @@ class StreamPlan:
             return None
         return OperandPlan(op, "kept", tile.buffer, every_iteration=tile.operand.varies, loop_var=self.loop_var)
 
-    def describe(self) -> list[str]:
-        out = [f"{t.key[0]}: operand tile {t.operand.load.tensor.name} kept in {t.buffer} ({t.nbytes} bytes, "
-               f"{'copied every iteration' if t.operand.varies else 'copied once'})" for t in self.kept]
+    def describe(self, offsets: Mapping[str, int]) -> list[str]:
+        """One line per kept tile (with its byte ``offsets`` in shared memory) and per operand read from one."""
+        out = [f"{t.key[0]}: operand tile {t.operand.load.tensor.name} kept in {t.buffer} ({t.nbytes} bytes at "
+               f"{offsets[t.buffer]}, {'copied every iteration' if t.operand.varies else 'copied once'})"
+               for t in self.kept]
         out += [f"{k[0]}: operand read from the tile {h[0]} keeps" for k, h in self.held]
         return out
 
