@@ -387,6 +387,11 @@ class CFamilyEmitter:
         self.close_n(n)
 
 
+def align16(n: int) -> int:
+    """``n`` bytes rounded up to a multiple of 16 (shared-memory arrays start 16-byte aligned: 128-bit accesses)."""
+    return -(-n // 16) * 16
+
+
 def reduce_lanes(threads: int, outputs: int, length: int | None = None) -> int:
     """Lanes per output when a block of ``threads`` shares ``outputs`` reductions: as many as the threads
     allow, a power of two, and (given the ``length`` reduced) no more than the elements rounded up to one."""

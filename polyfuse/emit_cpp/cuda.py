@@ -33,7 +33,7 @@ import math
 
 from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
-    _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, axis_sizes, axis_var, reduce_lanes,
+    _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
 from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
@@ -49,9 +49,6 @@ from polyfuse.tiling.grid import MAP
 from polyfuse.tiling.htile import (
     Dot, Reduce, Slice, TileLoad, TileStore, axes_of, walk_tile_expr,
 )
-
-_SIZEOF = SIZEOF
-
 
 class CudaEmitter(VectorLanes, CFamilyEmitter):
     """CUDA C++ for nvcc; subclassed by the HIP emitter."""
@@ -87,14 +84,11 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         """(dimension, row pitch in elements) of the shared temporaries whose rows are padded."""
         self.overrides: dict[Expr, str] = {}
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
-        self.block = ""
-        """The block of the statement being emitted."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
         self.presplit = plan.presplit
-        self.fast_exp = self.options.fast_exp and self.fast_exp_function is not None and bool(
-            gpu.program.outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in gpu.program.outputs)
-        """f32 ``exp`` is ``fast_exp_function`` (see the options' ``fast_exp``)."""
+        self.fast_exp = plan.fast_exp and self.fast_exp_function is not None
+        """f32 ``exp`` is ``fast_exp_function`` (the plan's ``fast_exp``; this backend may have none)."""
 
     # ------------------------------------------------------------ table of differences
     def kernel_qualifiers(self, threads: int, min_blocks: int | None = None) -> str:
@@ -192,7 +186,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
     def take(self, nbytes: int) -> int:
         """Byte offset of ``nbytes`` of per-statement scratch (16-byte aligned)."""
         offset = self.scratch
-        self.scratch = offset + _align(nbytes)
+        self.scratch = offset + align16(nbytes)
         self.peak = max(self.peak, self.scratch)
         return offset
 
@@ -222,7 +216,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         inner = axes[-1]
         exprs = [s.value] + ([s.mask] if s.mask is not None else [])
         vec, loads = self.lane_plan(exprs, inner)
-        itemsize = _SIZEOF.get(self.stype(s.tensor.dtype), 1)
+        itemsize = SIZEOF.get(self.stype(s.tensor.dtype), 1)
         if vec == 1:
             vec = next((v for v in (8, 4, 2) if self.sizes[inner] % v == 0 and itemsize * v <= VECTOR_BYTES
                         and self.vector_store(s, inner, v)), 1)
@@ -246,7 +240,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             for v, lane_env in self.lanes(env, inner, vec):
                 value = self.convert(self.scalar(s.value, lane_env), s.value.dtype, s.tensor.dtype)
                 self.line(f"{out}[{v}] = {self.to_storage(value, s.tensor.dtype)};")
-            ctype, n = chunks(_SIZEOF[st], vec)
+            ctype, n = chunks(SIZEOF[st], vec)
             dst = self.access(s.tensor, s.index, env)
             copy = " ".join(f"reinterpret_cast<{ctype}*>(&{dst})[{c}] = reinterpret_cast<const {ctype}*>({out})[{c}];"
                             for c in range(n))
@@ -308,7 +302,6 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.materialized = {}
         self.stmt_plan = plan
         mark = self.scratch
-        self.block = s.block
         self.line(f"// {s.block}")
         self.open("")
         axes = tuple(i.axis for i in s.index if isinstance(i, Slice))
@@ -380,10 +373,10 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             dot = self.stmt_plan.dots[e]
             pitch = dot.pitch
             rows_ = size // self.sizes[axes[-1]] if pitch else 1
-            self.shared_array(ct, name, (rows_ * pitch if pitch else size) * _SIZEOF[ct])
+            self.shared_array(ct, name, (rows_ * pitch if pitch else size) * SIZEOF[ct])
             emit_dot(self, dot, e, name, axes)
         else:
-            self.shared_array(ct, name, size * _SIZEOF[ct])
+            self.shared_array(ct, name, size * SIZEOF[ct])
         if isinstance(e, Reduce):
             self.block_reduce(e, name, axes)
         elif not isinstance(e, Dot):
@@ -427,15 +420,13 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.lane_arrays = {}
         self.close()
 
-    def reduce_lanes(self, outputs: int, length: int | None = None) -> int:
-        return reduce_lanes(self.threads, outputs, length)
 
     def block_reduce(self, e: Reduce, name: str, axes: tuple[str, ...]) -> None:
         """``name[o] = op_r e.tile[o, r]`` for every output ``o``, by the whole block."""
         outputs = math.prod(self.sizes[a] for a in axes)
         length = self.sizes[e.axis]
         ct = self.reduce_type(e)
-        lanes = self.reduce_lanes(outputs, length)
+        lanes = reduce_lanes(self.threads, outputs, length)
         if lanes <= self.warp:
             per_round = self.threads // lanes
             self.open(f"for (int pf_o0 = 0; pf_o0 < {outputs}; pf_o0 += {per_round})")
@@ -453,7 +444,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             return
         warps = self.threads // self.warp
         partial = self.fresh("red")
-        self.shared_array(ct, partial, warps * _SIZEOF[ct])
+        self.shared_array(ct, partial, warps * SIZEOF[ct])
         self.open(f"for (int pf_o = 0; pf_o < {outputs}; ++pf_o)")
         env = self.decode(axes, "pf_o")
         acc = self.fresh("acc")
@@ -570,7 +561,3 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches)
-
-
-def _align(n: int) -> int:
-    return (n + 15) // 16 * 16

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import axis_var
 from polyfuse.emit_cpp.dotplan import (
-    BLOCK_REDUCE, FMA, LOW, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, LdmatrixFragment, OperandPlan,
+    BLOCK_REDUCE, FMA, LOW, MMA_SYNC, PER_OUTPUT, DotPlan, FragmentLayout, LdmatrixFragment, OperandPlan,
 )
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume, publish
@@ -134,7 +134,8 @@ def serial_dot(em: CudaEmitter, e: Dot, env: dict[str, str], acc: str) -> str:
 def _mma_dot(em: CudaEmitter, plan: DotPlan, e: Dot, name: str | None,
              write: Callable[[dict[str, str], str], None] | None = None,
              rows: Callable[[dict[str, str]], None] | None = None) -> None:
-    assert plan.a is not None and plan.b is not None and plan.low is not None
+    assert plan.a is not None and plan.b is not None and plan.low is not None and plan.fragment is not None
+    frag = plan.fragment
     low = plan.low
     a, b = plan.a.staged, plan.b.staged
     m_axes, n_axes = a.rows_axes, b.rows_axes
@@ -218,7 +219,7 @@ def _mma_dot(em: CudaEmitter, plan: DotPlan, e: Dot, name: str | None,
         _join_k_groups(em, kgroups, units, per)
     # Epilogue: the accumulator fragment's elements (M16N8: rows lane/4 (+8), columns 2*(lane%4) (+1)).
     if write is not None:
-        _row_epilogue(em, e, write, rows, (mm, mp, m_axes), (nn, per, groups, n_axes))
+        _row_epilogue(em, e, frag, write, rows, (mm, mp, m_axes), (nn, per, groups, n_axes))
         em.close()
         if kgroups > 1:
             em.close()
@@ -230,8 +231,8 @@ def _mma_dot(em: CudaEmitter, plan: DotPlan, e: Dot, name: str | None,
     if pitch is not None:
         # Pairs of neighbouring columns (nn is even, so both or neither exist) as one 8-byte store.
         em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
-        em.line(f"const int pf_m = pf_mt * 16 + {M16N8.row('pf_lane', 'pf_h')};")
-        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {M16N8.col('pf_lane', '0')};")
+        em.line(f"const int pf_m = pf_mt * 16 + {frag.row('pf_lane', 'pf_h')};")
+        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {frag.col('pf_lane', '0')};")
         em.open(f"if (pf_m < {mm} && pf_n < {nn})")
         row_env = em.decode(m_axes, "pf_m")
         both = [em.rounded(f"({em.scalar(e.acc, {**row_env, n_axes[0]: col})} + pf_c[pf_nb][pf_h * 2 + {d}])",
@@ -239,8 +240,8 @@ def _mma_dot(em: CudaEmitter, plan: DotPlan, e: Dot, name: str | None,
         em.line(f"*reinterpret_cast<float2*>(&{name}[pf_m * {pitch} + pf_n]) = make_float2({both[0]}, {both[1]});")
     else:
         em.open("for (int pf_q = 0; pf_q < 4; ++pf_q)")
-        em.line(f"const int pf_m = pf_mt * 16 + {M16N8.row('pf_lane', '(pf_q / 2)')};")
-        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {M16N8.col('pf_lane', 'pf_q % 2')};")
+        em.line(f"const int pf_m = pf_mt * 16 + {frag.row('pf_lane', '(pf_q / 2)')};")
+        em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {frag.col('pf_lane', 'pf_q % 2')};")
         em.open(f"if (pf_m < {mm} && pf_n < {nn})")
         env = {**em.decode(m_axes, "pf_m"), **em.decode(n_axes, "pf_n")}
         total = em.rounded(f"({em.scalar(e.acc, env)} + pf_c[pf_nb][pf_q])", e.dtype)
@@ -297,7 +298,7 @@ def _paired_fragments(em: CudaEmitter, load: str, arr: str, at: str, size: int, 
         em.line(f"const uint32_t {part}0[2] = {{{part}[0], {part}[1]}}, {part}1[2] = {{{part}[2], {part}[3]}};")
 
 
-def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str], None],
+def _row_epilogue(em: CudaEmitter, e: Dot, frag: FragmentLayout, write: Callable[[dict[str, str], str], None],
                   rows: Callable[[dict[str, str]], None] | None, m: tuple, n: tuple) -> None:
     """The epilogue of a dot written through ``write``: row by row (``pf_h``: rows lane/4 and lane/4 + 8 of
     the warp's strip), ``rows(env)`` first, then the row's columns (``pf_q = 2·pf_h + pf_j``).  A guard is
@@ -306,7 +307,7 @@ def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str]
     nn, per, groups, n_axes = n
     em.line("#pragma unroll")
     em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
-    em.line(f"const int pf_m = pf_mt * 16 + {M16N8.row('pf_lane', 'pf_h')};")
+    em.line(f"const int pf_m = pf_mt * 16 + {frag.row('pf_lane', 'pf_h')};")
     em.open(f"if (pf_m < {mm})" if mm < mp else "")
     row_env = em.decode(m_axes, "pf_m")
     if rows is not None:
@@ -316,7 +317,7 @@ def _row_epilogue(em: CudaEmitter, e: Dot, write: Callable[[dict[str, str], str]
     em.line("#pragma unroll")
     em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
     em.line("const int pf_q = pf_h * 2 + pf_j;")
-    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {M16N8.col('pf_lane', 'pf_j')};")
+    em.line(f"const int pf_n = (pf_ng * {per} + pf_nb) * 8 + {frag.col('pf_lane', 'pf_j')};")
     em.open(f"if (pf_n < {nn})" if nn < groups * per * 8 else "")
     env = {**row_env, **em.decode(n_axes, "pf_n")}
     em.line(" ".join(f"(void){v};" for v in env.values()))  # the value may read none of them

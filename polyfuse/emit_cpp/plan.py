@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
-    COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, materializations, reduce_lanes, static_numel, walk_unmaterialized,
+    COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel, walk_unmaterialized,
     worth_hoisting,
 )
 from polyfuse.emit_cpp.dotplan import (
@@ -130,7 +130,6 @@ class KernelPlan:
     loops: Mapping[int, LoopPlan] = field(default_factory=dict)
     seqs: Mapping[int, tuple[Stmt | rows.RowGroup, ...]] = field(default_factory=dict)
     stmts: Mapping[int, StmtPlan] = field(default_factory=dict)
-    unit_vars: tuple[Var, ...] = ()
 
     def describe(self) -> str:
         return "\n".join(_describe_kernel(self))
@@ -138,16 +137,19 @@ class KernelPlan:
 
 @dataclass(frozen=True)
 class ProgramPlan:
-    """The plan of every kernel of a program, the inputs split before them, and what it was planned for."""
+    """The plan of every kernel of a program, the inputs split before them, and what it was planned for;
+    ``fast_exp``: f32 ``exp`` may be the approximate one (the options ask for it and every output is a 16-bit
+    float, whose rounding its error stays below)."""
 
     device: DeviceSpec
     options: CodegenOptions
-    tensor_cores: bool
     presplit: Mapping[str, tuple[Tensor, Tensor]]
     kernels: tuple[KernelPlan, ...]
+    fast_exp: bool = False
 
     def __str__(self) -> str:
-        lines = [f"device: {self.device.describe()}", f"options: {self.options.describe()}"]
+        lines = [f"device: {self.device.describe()}", f"options: {self.options.describe()}",
+                 f"f32 exp: {'approximate (16-bit outputs)' if self.fast_exp else 'accurate'}"]
         for name, (hi, lo) in self.presplit.items():
             lines.append(f"split kernel: {name} into bf16 {hi.name} + {lo.name} before the kernels")
         for k in self.kernels:
@@ -182,12 +184,11 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                      tuple(lp.var for lp in nest.chain if unit_loop(lp)))
 
     split = presplit.plan(gpu.nests, frame_of)
-    kernels = []
-    for k, nest in enumerate(gpu.nests):
-        base = frame_of(nest)
-        frame = Frame({}, base.threads, base.warp, tensor_cores, options, tensors, shared_names, split, base.unit_vars)
-        kernels.append(_plan_kernel(nest, f"{entry}_k{k}", frame, device))
-    return ProgramPlan(device, options, tensor_cores, split, tuple(kernels))
+    kernels = tuple(_plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest), presplit=split), device)
+                    for k, nest in enumerate(gpu.nests))
+    outputs = gpu.program.outputs
+    fast_exp = options.fast_exp and bool(outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in outputs)
+    return ProgramPlan(device, options, split, kernels, fast_exp)
 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
@@ -199,14 +200,16 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, keep_tiles=False).run()
     if plan.peak > device.shared_per_block:
+        largest = max(plan.stmts.values(), key=lambda p: p.at + p.scratch, default=None)
+        where = (f"; the most at block {largest.block!r} ({largest.scratch} bytes of its own after "
+                 f"{largest.at} bytes of temporaries and loop buffers)") if largest is not None else ""
         raise UnsupportedPattern(f"kernel {name} needs {plan.peak} bytes of shared memory (tiles and their "
-                                 f"temporaries); a block may use {device.shared_per_block} on {device.arch}. "
+                                 f"temporaries{where}); a block may use {device.shared_per_block} on {device.arch}. "
                                  f"Use smaller tiles in the schedule")
     resident_blocks = device.blocks_per_sm(plan.peak)
     min_blocks = frame.options.min_blocks
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
-    return KernelPlan(name, nest, plan.threads, plan.warp, plan.shared, plan.peak, asked, resident_blocks,
-                      plan.keeps_tiles, _heavy_first(nest), plan.loops, plan.seqs, plan.stmts, plan.unit_vars)
+    return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
 
 
 def _heavy_first(nest: GridNest) -> str | None:
@@ -244,7 +247,7 @@ class _Planner:
         self.stmts: dict[int, StmtPlan] = {}
         self.accumulators: dict[str, registers.Accumulator] = {}
         self.streams: stream.StreamPlan | None = None
-        self.streaming = False
+        """The tiles the loop being planned keeps (only a loop of statements keeps any: no nesting)."""
         self.counter = 0
         self.block = ""
         """The block of the statement being planned (whose dots' operands a loop may keep)."""
@@ -254,12 +257,11 @@ class _Planner:
         return f"pf_{hint}{self.counter}"
 
     def take(self, nbytes: int) -> None:
-        self.scratch += -(-nbytes // 16) * 16
+        self.scratch += align16(nbytes)
         self.peak = max(self.peak, self.scratch)
 
     def here(self, sizes: Mapping[str, int]) -> Frame:
-        return Frame(dict(sizes), self.frame.threads, self.frame.warp, self.frame.tensor_cores, self.frame.options,
-                     self.frame.tensors, frozenset(self.shared_names), self.frame.presplit, self.frame.unit_vars)
+        return dataclasses.replace(self.frame, sizes=dict(sizes), shared_names=frozenset(self.shared_names))
 
     def run(self) -> KernelPlan:
         shared = []
@@ -283,8 +285,7 @@ class _Planner:
             self.take(size * SIZEOF[ctype])
         self.stmt(self.nest.body)
         return KernelPlan(self.name, self.nest, self.frame.threads, self.frame.warp, tuple(shared), self.peak,
-                          keeps_tiles=self.keep_tiles, loops=self.loops, seqs=self.seqs, stmts=self.stmts,
-                          unit_vars=self.frame.unit_vars)
+                          keeps_tiles=self.keep_tiles, loops=self.loops, seqs=self.seqs, stmts=self.stmts)
 
     # ------------------------------------------------------------ statements
     def stmt(self, s: Stmt) -> None:
@@ -315,21 +316,19 @@ class _Planner:
         added = {r.tensor for r in kept} - self.shared_names
         self.shared_names |= added
         streams = None
-        if frame.tensor_cores and not self.streaming and self.keep_tiles:
+        if frame.tensor_cores and self.streams is None and self.keep_tiles:
             streams = stream.plan(self.here({}), s, self.fresh)
         for tile in streams.kept if streams is not None else ():
             offsets[tile.buffer] = self.scratch
             self.take(tile.nbytes)
         outer_streams, self.streams = self.streams, streams
-        self.streaming = streams is not None
-        in_registers = len(self.stmts)
+        first = len(self.stmts)
         self.stmt(s.body)
-        self.streaming = False
         self.streams = outer_streams
         self.shared_names -= added
         self.scratch = kept_at
         self.accumulators = outer
-        used = {p.block for p in list(self.stmts.values())[in_registers:] if p.in_registers}
+        used = {p.block for p in list(self.stmts.values())[first:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
         self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets)
 
@@ -369,24 +368,25 @@ class _Planner:
         if isinstance(e, Dot):
             dot = self.dot(frame, e, axes, split_k=True)
             rows_ = size // frame.sizes[axes[-1]] if dot.pitch else 1
-            return _a(((rows_ * dot.pitch) if dot.pitch else size) * SIZEOF[ct]) + self.dot_scratch(frame, e, dot), dot
+            array = (rows_ * dot.pitch if dot.pitch else size) * SIZEOF[ct]
+            return align16(array) + self.dot_scratch(frame, e, dot), dot
         if isinstance(e, Reduce):
-            return _a(size * SIZEOF[ct]) + _block_reduce_scratch(frame, e, size), None
-        return _a(size * SIZEOF[ct]), None
+            ctype = "int" if e.op == "or" else ct  # (an "or" accumulates in an int)
+            return align16(size * SIZEOF[ct]) + _block_reduce_scratch(frame, frame.sizes[e.axis], size, ctype), None
+        return align16(size * SIZEOF[ct]), None
 
     def dot_scratch(self, frame: Frame, e: Dot, dot: DotPlan) -> int:
         """Shared memory the computation of dot ``e`` takes (its result array aside)."""
         if dot.instruction == MMA_SYNC:
             assert dot.a is not None and dot.b is not None
-            return _a(dot.a.own_bytes) + _a(dot.b.own_bytes) + _a(dot.kpart_bytes(frame.warp))
+            return align16(dot.a.own_bytes) + align16(dot.b.own_bytes) + align16(dot.kpart_bytes(frame.warp))
         if dot.instruction == BLOCK_REDUCE:
             size = math.prod(frame.sizes[a] for a in axes_of(e))
             ct = COMPUTE_TYPES[e.dtype.name]
-            return _a(size * (8 if ct == "double" else 4)) + _block_reduce_scratch(frame, Reduce("sum", e.a, e.axis),
-                                                                                 size, ct)
+            return align16(size * SIZEOF[ct]) + _block_reduce_scratch(frame, frame.sizes[e.axis], size, ct)
         if dot.instruction == FMA:
             size = 8 if COMPUTE_TYPES[e.dtype.name] == "double" else 4
-            return _a(dot.m * dot.k * size) + _a(dot.k * dot.n * size)
+            return align16(dot.m * dot.k * size) + align16(dot.k * dot.n * size)
         return 0
 
     def dot(self, frame: Frame, e: Dot, axes: tuple[str, ...], split_k: bool, in_place: bool = False) -> DotPlan:
@@ -472,18 +472,12 @@ class _Planner:
         return StmtPlan(s.block, True, register, dot, tuple(first), plans, values, scratch)
 
 
-def _a(n: int) -> int:
-    return -(-n // 16) * 16
-
-
-def _block_reduce_scratch(frame: Frame, e: Reduce, outputs: int, ct: str | None = None) -> int:
-    """Shared memory of a block reduction of ``outputs`` outputs: one partial per warp, when an output needs
-    more lanes than a warp has."""
-    lanes = reduce_lanes(frame.threads, outputs, frame.sizes[e.axis])
-    if lanes <= frame.warp:
+def _block_reduce_scratch(frame: Frame, length: int, outputs: int, ctype: str) -> int:
+    """Shared memory of a block reduction of ``outputs`` outputs over ``length`` elements accumulated in ``ctype``:
+    one partial per warp, when an output needs more lanes than a warp has."""
+    if reduce_lanes(frame.threads, outputs, length) <= frame.warp:
         return 0
-    ctype = ct or ("int" if e.op == "or" else COMPUTE_TYPES[e.dtype.name])
-    return _a(frame.warps * SIZEOF[ctype])
+    return align16(frame.warps * SIZEOF[ctype])
 
 
 def _hoisting(per_row: tuple[Expr, set, tuple[str, ...]] | None) -> Callable[[Expr], bool]:

@@ -181,7 +181,6 @@ def emit(em: CudaEmitter, row_group: RowGroup) -> None:
     for s in group:
         em.sizes = {**getattr(em, "sizes", {}), **axis_sizes(s)}
         em.materialized = {}
-        em.block = s.block
         reduced: list[Reduce] = []
         for n in walk_tile_expr(s.value):
             if isinstance(n, Reduce) and n not in reduced and n not in em.overrides:

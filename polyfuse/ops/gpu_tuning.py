@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from polyfuse.device import PRESETS
 from polyfuse.errors import PolyfuseError
 
 
@@ -100,7 +101,7 @@ class GpuTuning:
     combine traffic than they add parallelism."""
     warps: int | None = None
     """Warps per thread block of every kernel of a GPU plan; None: the code generator's default."""
-    shared_bytes: int = 232448
+    shared_bytes: int = PRESETS["sm_90a"].shared_per_block
     """Shared memory per block the tiles above are sized for (sm_90a's 227 KB); on a device with less,
     :func:`~polyfuse.ops.schedules.default_schedule` halves them until the kernels fit (:meth:`smaller`)."""
 
