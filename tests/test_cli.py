@@ -74,6 +74,31 @@ def test_show_defaults_to_the_plain_stage(capsys):
     assert cli(capsys, "show", name) == cli(capsys, "show", name, "--stage", "plain")
 
 
+def test_show_plan_prints_the_gpu_kernel_plan(capsys):
+    code, out, err = cli(capsys, "show", "attn_causal", "--stage", "plan")
+    assert code == 0, err
+    assert "the kernel plan (cuda, sm_90a)" in out and "kernel polyfuse_attn_causal_k0 (block)" in out
+    assert "mma.sync.m16n8k16" in out and "shared memory:" in out
+    code, out, err = cli(capsys, "show", "attn_causal", "--stage", "plan", "--target", "hip")
+    assert code == 0, err
+    assert "(hip, gfx90a)" in out and "256 threads (4 warps of 64)" in out
+
+
+def test_show_tile_for_a_gpu_target_is_what_its_emitter_lowers(capsys):
+    code, host, _ = cli(capsys, "show", "attn_causal", "--stage", "tile")
+    assert code == 0 and "# kernel k0" not in host
+    code, gpu, err = cli(capsys, "show", "attn_causal", "--stage", "tile", "--target", "cuda")
+    assert code == 0, err
+    assert "the program the GPU emitter lowers (cuda, sm_90a)" in gpu and "# kernel k0 (cta)" in gpu
+
+
+@pytest.mark.parametrize(("stage", "target", "message"), [
+    ("plan", "cpp", "the cpp backend has no kernel plan"), ("plain", "cuda", "--target applies to --stage tile")])
+def test_show_refuses_a_target_that_does_not_apply(capsys, stage, target, message):
+    code, _, err = cli(capsys, "show", "attn_causal", "--stage", stage, "--target", target)
+    assert code == 3 and message in err
+
+
 # ------------------------------------------------------------------ check
 @pytest.mark.parametrize(("name", "mode"), operator_modes())
 def test_check_interp_ends_with_the_comparison_line(capsys, name, mode):

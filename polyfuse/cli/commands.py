@@ -29,9 +29,12 @@ def show(args: argparse.Namespace) -> int:
     """An operator at a stage; ``tile`` and ``plan`` for ``--target`` (tile: the host's tile program by default,
     the program the GPU emitter lowers for cuda or hip; plan: cuda by default, none for the host)."""
     target = getattr(args, "target", None)
-    if args.stage in ("tile", "plan") and target is not None and (target != "cpp" or args.stage == "plan"):
-        if target == "cpp":
-            raise PolyfuseError("the cpp backend has no kernel plan; plans are made for GPU targets (cuda, hip)")
+    if target is not None and args.stage not in ("tile", "plan"):
+        raise PolyfuseError(f"--target applies to --stage tile and plan, not {args.stage} (the cuda, hip and cpp "
+                            f"stages are their backend's source)")
+    if args.stage == "plan" and target == "cpp":
+        raise PolyfuseError("the cpp backend has no kernel plan; plans are made for GPU targets (cuda, hip)")
+    if target in ("cuda", "hip"):
         print(gpu_stage(subject_of(args), args.stage, target), end="")
         return EXIT_OK
     render = require_stage(args.stage)
