@@ -186,6 +186,19 @@ PF_DEV void cp_async16(void* dst, const void* src, bool pred) {
 PF_DEV void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N> PF_DEV void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" :: "n"(N) : "memory"); }
 
+// Two f32 as one register of two 16-bit values (the first in the low half: the lower column of an A fragment
+// pair), each rounded to nearest even (cvt.rn.f16x2.f32 / cvt.rn.bf16x2.f32 take the high half first).
+PF_DEV uint32_t pack_f16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+PF_DEV uint32_t pack_bf16(float lo, float hi) {
+    uint32_t r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // d += a * b for a 16x16 (row) by 16x8 (col) product, f32 accumulators.
 PF_DEV void mma_f16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "

@@ -117,9 +117,14 @@ def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
     assert fast == name.startswith("attn"), name
 
 
-def test_pv_product_splits_the_f32_operand():
-    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
-    assert "split hi+lo" in text and "pf_fa_lo" in text
+def test_pv_product_rounds_p_once_by_default_and_splits_it_on_request():
+    """P (f32, computed in registers) meets V's f16 tensor cores rounded once by default, split hi + lo with
+    ``round_operands`` off; either way straight from the score registers (the loop runs in warp fragments)."""
+    tiles = _tiles("attn_causal", "prefill")
+    once = emit(tiles, CUDA).text
+    assert "in warp fragments" in once and "pf::pack_f16(" in once and "pf_fa_lo" not in once
+    split = emit(tiles, CUDA.with_options(round_operands=False)).text
+    assert "in warp fragments" in split and "pf_fa_lo" in split and "pf::split_rest(" in split
 
 
 @pytest.mark.parametrize("name", ["softmax", "rmsnorm_amax", "layernorm_stats", "variance"])
@@ -144,9 +149,11 @@ def test_prefill_is_one_kernel_per_query_tile():
     source = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA)
     (launch,) = source.launches
     assert launch.threads == 256 and 0 < launch.shared <= 227 * 1024
-    # the rolling loop over key tiles, up to the last one the causal mask leaves visible (tiling/skip.py)
-    last = "pf::floordiv(static_cast<int32_t>(i_0), static_cast<int32_t>((2))) + (1)"
+    # the rolling loop over key tiles (128 query rows, 64 keys), up to the last one the causal mask leaves
+    # visible (tiling/skip.py), in warp fragments (8 warps of 16 rows)
+    last = "(((2) * i_0) + (1)) + (1)"
     assert f"for (int j_0 = 0; j_0 < ({last}); ++j_0)" in source.text
+    assert "in warp fragments" in source.text
 
 
 def test_exact_low_sees_through_casts_and_masks():

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -141,6 +141,12 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         (:mod:`~polyfuse.emit_cpp.resident`), operand tiles (:mod:`~polyfuse.emit_cpp.stream`)."""
         assert self.kernel_plan is not None
         lp: LoopPlan = self.kernel_plan.loops[id(s)]
+        if lp.fragments is not None:
+            kept = tuple((t.buffer, t.nbytes) for t in lp.streams.kept) if lp.streams is not None else ()
+            mark = self.scratch
+            fragments.emit(self, s, lp.fragments, lp.offsets, kept)
+            self.scratch = mark
+            return
         for acc in lp.accumulators.values():
             registers.load(self, acc)
         kept_at = self.scratch

@@ -410,7 +410,8 @@ class OperandPlan:
 
     ``source``: ``"kept"`` (a buffer of its loop, copied by cp.async at the first iteration, or at every
     iteration where another dot reads it too), ``"held"`` (another dot's kept tile of the same iteration
-    holds it: read in place, at that tile's pitch), ``"cp.async"`` (raw 16-bit copies, possibly of the parts
+    holds it: read in place, at that tile's pitch), ``"registers"`` (computed in a loop's warp fragments,
+    :mod:`~polyfuse.emit_cpp.fragments`: never in shared memory), ``"cp.async"`` (raw 16-bit copies, possibly of the parts
     of a tensor split before the kernels: ``parts``), ``"raw"`` (128-bit copies through registers) or
     ``"converted"`` (computed, converted to 16 bits and split where it is f32).
     """
@@ -426,7 +427,7 @@ class OperandPlan:
     @property
     def own_bytes(self) -> int:
         """Shared memory the statement takes for this operand (none where a loop's buffer holds it)."""
-        return 0 if self.source in ("kept", "held") else self.staged.nbytes
+        return 0 if self.source in ("kept", "held", "registers") else self.staged.nbytes
 
 
 @dataclass(frozen=True)

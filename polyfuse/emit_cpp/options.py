@@ -43,6 +43,12 @@ class CodegenOptions:
     and a long ``k`` splits ``k`` among its warps (:func:`~polyfuse.emit_cpp.dotplan.k_groups`).
     ``stage_group``: elements a thread converts and stores together when staging an operand without
     vector reads.
+    ``fragment_loops``: a loop of chained tensor-core products whose tiles have at least ``fragment_min_rows``
+    rows keeps its tiles in warp fragments (:mod:`~polyfuse.emit_cpp.fragments`).  ``round_operands``: an f32
+    operand computed in registers (attention's P) is rounded once to the product's 16-bit type, as
+    FlashAttention, cuDNN and FlexAttention do (the error term is in the operators' tolerance notes); off: split
+    hi + lo and multiplied twice (about 22 significant bits instead of 11).  ``prefetch``: such a loop copies
+    the next iteration's operand tiles while it computes this one (two buffers each).
     """
 
     fast_exp: bool = True
@@ -65,6 +71,10 @@ class CodegenOptions:
     split_k_tiles: int = 2
     split_k_steps: int = 16
     stage_group: int = 4
+    fragment_loops: bool = True
+    fragment_min_rows: int = 32
+    round_operands: bool = True
+    prefetch: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

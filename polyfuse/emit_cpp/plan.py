@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
-from polyfuse.emit_cpp import presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
     COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel, walk_unmaterialized,
     worth_hoisting,
@@ -52,7 +52,7 @@ from polyfuse.tiling.htile import (
     Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, axis_sizes, depends_on, tile_children,
     walk_tile_expr, walk_tile_stmts,
 )
-from polyfuse.tiling.parallel import unit_loop
+from polyfuse.tiling.parallel import allocated_at, unit_loop
 
 _CHEAP_CALLS = ("neg", "not", "abs")
 
@@ -107,7 +107,9 @@ class LoopPlan:
     resident: tuple[resident.Resident, ...]
     streams: stream.StreamPlan | None
     offsets: Mapping[str, int] = field(default_factory=dict)
-    """Byte offset of each of the loop's shared buffers (resident copies, kept tiles), by name."""
+    """Byte offset of each of the loop's shared buffers (resident copies, kept tiles, staging), by name."""
+    fragments: fragments.FragmentLoop | None = None
+    """The loop runs in warp fragments (then its statements have no plans of their own)."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +179,13 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     def threads_of(nest: GridNest) -> int:
         if nest.kind == MAP:
             return options.map_threads
-        return (nest.warps or options.warps or device.default_warps) * device.warp_size
+        warps = nest.warps or options.warps
+        if warps is None:
+            default = Frame({}, device.default_warps * device.warp_size, device.warp_size, tensor_cores, options,
+                            tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)))
+            warps = next((w for lp in walk_tile_stmts(nest.body) if isinstance(lp, Loop)
+                          if (w := fragments.warps_for(default, lp)) is not None), device.default_warps)
+        return warps * device.warp_size
 
     def frame_of(nest: GridNest) -> Frame:
         return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
@@ -208,6 +216,11 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
                                  f"Use smaller tiles in the schedule")
     resident_blocks = device.blocks_per_sm(plan.peak)
     min_blocks = frame.options.min_blocks
+    # A loop in warp fragments holds its tiles in registers: no more blocks than those fit (asking
+    # __launch_bounds__ for more would make ptxas spill them).
+    held = max((lp.fragments.registers for lp in plan.loops.values() if lp.fragments is not None), default=0)
+    if held:
+        resident_blocks = min(resident_blocks, max(1, device.registers_per_sm // (frame.threads * held)))
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
 
@@ -251,6 +264,8 @@ class _Planner:
         self.counter = 0
         self.block = ""
         """The block of the statement being planned (whose dots' operands a loop may keep)."""
+        self.units: dict[int, tuple[Loop, tuple[TileStore, ...]]] = {}
+        """The loops in warp fragments, with their epilogues (:func:`~polyfuse.emit_cpp.fragments.units`)."""
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
@@ -265,7 +280,11 @@ class _Planner:
 
     def run(self) -> KernelPlan:
         shared = []
+        self.units = fragments.units(self.frame, self.nest.body)
+        in_registers = fragments.registers_only(self.frame, self.nest.body)
         for t in self.nest.shared:
+            if t in in_registers:
+                continue  # a tile of a loop in warp fragments that no other statement reads: registers only
             tensor = self.frame.tensors[t]
             size = static_numel(tensor)
             if size is None:
@@ -291,7 +310,8 @@ class _Planner:
     def stmt(self, s: Stmt) -> None:
         if isinstance(s, Seq):
             frame = self.here({})
-            parts = tuple(rows.split(frame, rows.reorder(frame, list(s.stmts))))
+            after = {id(x) for unit in self.units.values() for x in unit[1]}  # (planned with their loop)
+            parts = tuple(rows.split(frame, rows.reorder(frame, [x for x in s.stmts if id(x) not in after])))
             self.seqs[id(s)] = parts
             for part in parts:
                 if not isinstance(part, rows.RowGroup):
@@ -305,6 +325,9 @@ class _Planner:
 
     def loop(self, s: Loop) -> None:
         frame = self.here({})
+        if id(s) in self.units:
+            self.fragment_loop(frame, s, self.units[id(s)][1])
+            return
         accumulators = registers.plan(frame, s, self.fresh) if frame.tensor_cores else {}
         outer, self.accumulators = self.accumulators, accumulators
         kept_at = self.scratch
@@ -331,6 +354,30 @@ class _Planner:
         used = {p.block for p in list(self.stmts.values())[first:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
         self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets)
+
+    def fragment_loop(self, frame: Frame, s: Loop, after: tuple[TileStore, ...]) -> None:
+        """A loop in warp fragments with its epilogue ``after``: its kept tiles and its products' staging
+        buffers, for the whole loop."""
+        mark = self.scratch
+        streams = stream.plan(frame, s, self.fresh) if self.keep_tiles else None
+        offsets: dict[str, int] = {}
+        for tile in streams.kept if streams is not None else ():
+            offsets[tile.buffer] = self.scratch
+            self.take(tile.nbytes)
+        self.streams = streams
+
+        def operand(block: str, here: Frame, op: Staged, low: DType) -> OperandPlan:
+            self.block = block
+            return self.operand(here, op, low)
+
+        plan = fragments.plan(frame, s, after, fragments.in_memory(frame, self.nest.body, s, after), operand,
+                              self.fresh)
+        self.streams = None
+        for name, nbytes in plan.buffers:
+            offsets[name] = self.scratch
+            self.take(nbytes)
+        self.scratch = mark
+        self.loops[id(s)] = LoopPlan(s.var.name, {}, (), (), streams, offsets, plan)
 
     def store(self, s: TileStore) -> None:
         frame = self.here(axis_sizes(s))
@@ -567,6 +614,18 @@ def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> Non
     elif isinstance(s, Loop):
         lp = k.loops[id(s)]
         lines.append(f"{indent}loop {lp.var} < {s.extent}:")
+        if lp.fragments is not None:
+            lines += [f"{indent}  {t}" for t in lp.fragments.describe(lp.offsets)]
+            for text in lp.streams.describe(lp.offsets) if lp.streams is not None else ():
+                lines.append(f"{indent}  kept: {text}")
+            after = {e.block for e in lp.fragments.epilogue}
+            for block, st in lp.fragments.stmts.items():
+                where = f"rows {st.row}" + (f", columns {st.col}" if st.col else " (a row vector)")
+                into = "to memory after the loop" if block in after else "in registers"
+                lines.append(f"{indent}  {block}: {into} ({where})")
+                if st.dot is not None:
+                    lines += [f"{indent}    dot: {t}" for t in st.dot.describe().splitlines()]
+            return
         for block in lp.stored:
             lines.append(f"{indent}  registers: {lp.accumulators[block].describe()}")
         for r in lp.resident:

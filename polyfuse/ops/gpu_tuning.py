@@ -27,11 +27,14 @@ class GpuTuning:
     without it the code generator's default applies.
     """
 
-    prefill_tile: tuple[int, int] = (32, 64)
-    """Query rows × key columns per thread block of fused prefill attention on GPUs.
-
-    Measured on the H200 (causal, S=4096, d=128, 8 warps): 32×64 11.9 ms, 16×64 12.3, 64×64 16.8,
-    32×32 14.4, 32×128 14.0."""
+    prefill_tile: tuple[int, int] = (128, 64)
+    """Query rows × key columns per thread block of fused prefill attention on GPUs: 16 rows per warp of the
+    warp-fragment loop (:mod:`polyfuse.emit_cpp.fragments`), 8 warps.  (Before that loop existed, with every
+    tile in shared memory, 32×64 was the best measured on the H200.)"""
+    prefill_min_rows: int = 32
+    """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
+    last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
+    ``fragment_min_rows``); fewer would fall back to tiles in shared memory."""
     decode_heads: int = 16
     """Most query heads per thread block of fused decode attention on GPUs (the M of its tile products).
 

@@ -448,7 +448,10 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
     if plan is _attention_prefill:
         _, _, i, j, _ = sch.get_loops("qk")
         rows, keys = tuning.prefill_tile
-        _attention_prefill(sch, (_fit(rows, _extent(sch, i)), _fit(keys, _extent(sch, j))))
+        rows = _fit(rows, _extent(sch, i))
+        if device.mma_sync:
+            rows = max(rows, min(tuning.prefill_tile[0], tuning.prefill_min_rows))
+        _attention_prefill(sch, (rows, _fit(keys, _extent(sch, j))))
     elif plan is _attention_decode:
         _attention_decode_gpu(sch, device=device, tuning=tuning)
     elif hasattr(plan, "gpu"):

@@ -177,7 +177,7 @@ def _substitute(s1: TileStore, s2: TileStore) -> TileStore:
         new = next(f for f in fresh if f not in taken)
         taken.add(new)
         inner[name] = new
-    value = _rename(s1.value, {**outer, **inner})
+    value = rename_axes(s1.value, {**outer, **inner})
     order = axes_of(load)
     if axes_of(value) != order:
         value = Permute(value, order)
@@ -198,25 +198,27 @@ def _axis_names(e: Expr) -> set[str]:
     return names
 
 
-def _rename(e: Expr, to: dict[str, str]) -> Expr:
+def rename_axes(e: Expr, to: dict[str, str]) -> Expr:
+    """``e`` with its tile axes renamed (``to``: old name → new name; others kept)."""
+
     def rn(a: str) -> str:
         return to.get(a, a)
 
     def fn(x: Expr) -> Expr | None:
         if isinstance(x, TileLoad):
             index = tuple(dataclasses.replace(i, axis=rn(i.axis)) if isinstance(i, Slice) else i for i in x.index)
-            mask = None if x.mask is None else _rename(x.mask, to)
+            mask = None if x.mask is None else rename_axes(x.mask, to)
             return dataclasses.replace(x, index=index, mask=mask)
         if isinstance(x, Iota):
             return dataclasses.replace(x, axis=rn(x.axis))
         if isinstance(x, Broadcast):
-            return Broadcast(_rename(x.tile, to), tuple((rn(a), n) for a, n in x.axes))
+            return Broadcast(rename_axes(x.tile, to), tuple((rn(a), n) for a, n in x.axes))
         if isinstance(x, Permute):
-            return Permute(_rename(x.tile, to), tuple(rn(a) for a in x.order))
+            return Permute(rename_axes(x.tile, to), tuple(rn(a) for a in x.order))
         if isinstance(x, (Squeeze, Reduce)):
-            return dataclasses.replace(x, tile=_rename(x.tile, to), axis=rn(x.axis))
+            return dataclasses.replace(x, tile=rename_axes(x.tile, to), axis=rn(x.axis))
         if isinstance(x, Dot):
-            return dataclasses.replace(x, a=_rename(x.a, to), b=_rename(x.b, to), acc=_rename(x.acc, to),
+            return dataclasses.replace(x, a=rename_axes(x.a, to), b=rename_axes(x.b, to), acc=rename_axes(x.acc, to),
                                        axis=rn(x.axis))
         return None
 

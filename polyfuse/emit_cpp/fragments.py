@@ -1,0 +1,1032 @@
+"""Loops whose tiles stay in warp fragments: chained tensor-core products without shared memory between them.
+
+Attention's key loop is a chain of tile statements: ``S = Q·Kᵀ``, a score tile from ``S`` (scale, mask,
+bias), row statistics (``max``, ``sum``), ``P = exp(score − max)`` and ``O = O·h + P·V``.  Printed one statement
+at a time, every tile goes through shared memory, with a barrier after each statement and the exponentials
+computed once per statement that reads them.  But the accumulator layout of ``mma.m16n8k16`` (lane ``l`` holds
+rows ``l/4`` and ``l/4 + 8`` of its warp's 16-row strip, two neighbouring columns of every 8-column tile) is
+also the layout of the A operand of the next product, once pairs of f32 become pairs of 16-bit values.  So
+where **each warp owns whole rows of every tile of the loop**, nothing needs to leave the warp:
+
+* every tile the loop writes lives in registers, ``float name[cols / 8][4]`` per thread (a row vector,
+  ``name[2]``: the thread's two rows), at the fragment position of each element;
+* an elementwise statement computes each of its thread's elements from the registers of the same element;
+* a reduction along a row combines the thread's columns, then the four lanes of the row (two ``shfl_xor``);
+* a product's accumulators start at zero and its epilogue is the statement's value at each element; its
+  ``a`` operand, where computed from registers (``P``), is evaluated per element and packed in pairs straight
+  into the A fragment, rounded once to the other operand's 16-bit type (the options' ``round_operands``;
+  off: split hi + lo and multiplied twice, as the shared-memory path does);
+* operands that come from memory (``Q``, ``K``, ``V``) are staged as before (kept tiles, cp.async), all of
+  an iteration's copies issued at its top so that ``V`` arrives while ``S`` and the softmax are computed;
+  one barrier before each product's reads, one at the top of the iteration (the buffers are reused).
+
+A masked store keeps the register's old value where its mask is false, so the semantics are the tile
+program's; the tiles the loop allocates per iteration start at zero at each iteration (their values at
+masked-out elements are undefined in the program, and no unmasked read reaches them).  The tiles that outlive
+the loop (``O``, the statistics) are read from memory before it and written back after it.
+
+A loop qualifies (:func:`plan`) where its body is tile statements only, each writing an f32 temporary at one
+index that does not move with the loop, every statement having one *row* axis (a product's ``m``, or the axis
+that indexes a row tensor's row dimension) and at most one *column* axis; every read of a loop tensor is of
+the element the statement computes (the same row, and the statement's column, a reduction's axis or a
+product's ``k``); row axes have ``16 × warps`` elements and columns multiples of 16; every product is a
+tensor-core one over (row, column), ``b`` from memory; and at least one product's ``a`` is computed from the
+loop's registers (a loop with only products of memory operands — a GEMM's k loop — keeps the register
+accumulators of :mod:`~polyfuse.emit_cpp.registers`, which spread one output tile over all warps).  The kernel
+then has ``rows / 16`` warps (:func:`warps_for`), and only where the rows are at least the options'
+``fragment_min_rows``: decode's few query rows are better spread over the key columns by all warps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
+from polyfuse.emit_cpp.dotplan import (
+    LOW, M16N8, MMA_SYNC, DotPlan, Frame, LdmatrixFragment, OperandPlan, Staged, mma_type, staging,
+)
+from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
+from polyfuse.emit_cpp.stream import consume
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.simplify import simplify
+from polyfuse.ir.visit import substitute
+from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
+from polyfuse.tiling.htile import (
+    Broadcast, Dot, Index, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes,
+    tile_children, walk_tile_expr, walk_tile_stmts,
+)
+from polyfuse.tiling.inline import rename_axes
+from polyfuse.tiling.parallel import allocated_at
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+STRIP = M16N8.rows
+"""Rows of a tile each warp owns (one m16 strip)."""
+REGISTER_OVERHEAD = 64
+"""Registers a fragment loop's thread needs beside its tiles and accumulators (:attr:`FragmentLoop.registers`):
+ptxas used 232 for attention prefill at d = 128 (tiles 104, accumulators 64)."""
+
+
+@dataclass(frozen=True)
+class Held:
+    """Tensor ``name`` in the registers ``register``: ``[cols / 8][4]`` per thread (a row vector: ``[2]``).
+    ``row_dim``/``col_dim``: the dimensions of its accesses' ``index`` that are the tile's rows and columns;
+    ``per_iteration``: allocated by the loop at each iteration (declared in its body); ``memory``: read from
+    its tensor before the loop and written back after it (a temporary in global memory, or one that a
+    statement other than the loop's and its epilogue's reads); otherwise it lives in registers only."""
+
+    name: str
+    register: str
+    row_dim: int
+    col_dim: int | None
+    cols: int
+    per_iteration: bool
+    memory: bool
+    index: tuple[Index, ...]
+
+    @property
+    def element(self) -> str:
+        """C text of the thread's register of the element at ``pf_h`` (row half), ``pf_nb``, ``pf_q``."""
+        return f"{self.register}[pf_nb][pf_q]" if self.col_dim is not None else f"{self.register}[pf_h]"
+
+    def declaration(self) -> str:
+        shape = f"[{self.cols // 8}][4]" if self.col_dim is not None else "[2]"
+        return f"float {self.register}{shape} = {{}};"
+
+
+@dataclass(frozen=True)
+class FragmentStmt:
+    """One statement of the loop: its row axis and column axis (None: a row statement), the plan of its
+    product if it has one, whether that product's ``a`` is computed from registers, and the shared buffers
+    of the product's operands staged per iteration (by role ``a``/``b``; none for kept tiles and registers)."""
+
+    block: str
+    row: str
+    col: str | None
+    dot: DotPlan | None = None
+    a_registers: bool = False
+    buffers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SharedValue:
+    """A costly value several statements of the loop compute at the same elements (attention's
+    ``exp(score − max)``, in ``P`` and in the row sum): computed once per iteration into the registers
+    ``register`` (``[cols / 8][4]`` over ``row``/``col``, or ``[2]`` per row where ``col`` is None) before
+    statement ``before``, and read by every statement that has it."""
+
+    nodes: tuple[Expr, ...]
+    """The value as each statement that uses it writes it (its axes named as there); the first is computed."""
+    register: str
+    before: str
+    row: str
+    col: str | None
+    cols: int
+
+
+@dataclass(frozen=True)
+class FragmentLoop:
+    """A loop computed in warp fragments: ``rows`` rows per tile (``rows / 16`` warps), the tensors in
+    registers, the statements' plans by block (the loop's and its ``epilogue``'s: the statements after the
+    loop computed from its registers and written to memory), and the staging buffers (name → bytes) it
+    allocates; ``prefetch``: the next iteration's operands are copied while this one computes (the buffers
+    hold two iterations), else each iteration copies its own at its top."""
+
+    rows: int
+    held: tuple[Held, ...]
+    stmts: Mapping[str, FragmentStmt]
+    buffers: tuple[tuple[str, int], ...]
+    round_once: bool
+    epilogue: tuple[TileStore, ...] = ()
+    prefetch: bool = False
+    shared: tuple[SharedValue, ...] = ()
+
+    @property
+    def registers(self) -> int:
+        """Registers a thread needs, estimated: its tiles, the largest product's accumulators (each of its
+        output tiles' four) and ``REGISTER_OVERHEAD`` for addresses, operand fragments and temporaries."""
+        tiles = sum(h.cols // 2 if h.col_dim is not None else 2 for h in self.held)
+        products = max((st.dot.per * 4 for st in self.stmts.values() if st.dot is not None), default=0)
+        return tiles + products + REGISTER_OVERHEAD
+
+    def describe(self, offsets: Mapping[str, int]) -> list[str]:
+        lines = [f"in warp fragments: {-(-self.rows // STRIP)} warps of {STRIP} whole rows ({self.rows} real); "
+                 f"register operands {'rounded once' if self.round_once else 'split hi+lo'}; "
+                 + ("operands of the next iteration copied during this one" if self.prefetch
+                    else "operands copied at the top of each iteration")]
+        for h in self.held:
+            shape = f"[{h.cols // 8}][4]" if h.col_dim is not None else "[2]"
+            life = ("per iteration" if h.per_iteration else "read before, written back after" if h.memory
+                    else "registers only")
+            lines.append(f"registers: {h.name} in {h.register}{shape} ({life})")
+        for name, nbytes in self.buffers:
+            lines.append(f"staging buffer {name}: {nbytes} bytes at {offsets[name]}")
+        for v in self.shared:
+            lines.append(f"computed once per iteration before {v.before}: {v.register} "
+                         f"({'a tile' if v.col is not None else 'a row value'} that several statements use)")
+        if self.epilogue:
+            lines.append("after the loop, from registers: " + ", ".join(e.block for e in self.epilogue))
+        return lines
+
+
+def _body(loop: Loop) -> tuple[TileStore, ...] | None:
+    body = loop.body.stmts if isinstance(loop.body, Seq) else (loop.body,)
+    if not body or not all(isinstance(s, TileStore) for s in body):
+        return None
+    return tuple(body)  # type: ignore[arg-type]
+
+
+def _exprs(s: TileStore) -> list[Expr]:
+    return [s.value, *([s.mask] if s.mask is not None else [])]
+
+
+def _shape(index: tuple[Index, ...], unit: Mapping[str, Expr]) -> tuple:
+    """An access index with its slices' axis names left out and the grid loops of one iteration at 0 (two
+    accesses of one tile compare equal)."""
+    def text(x: Expr) -> str:
+        return str(simplify(substitute(x, unit)))
+
+    return tuple(("slice", text(i.start), i.size) if isinstance(i, Slice) else ("at", text(i)) for i in index)
+
+
+def _mentions(x: Expr, name: str) -> bool:
+    return any(isinstance(n, Var) and n.name == name for n in walk_tile_expr(x))
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """What :func:`_analyse` found: rows, per-statement (row, col) axes, per-tensor (row dim, col dim, cols)."""
+
+    rows: int
+    axes: Mapping[str, tuple[str, str | None]]
+    dims: Mapping[str, tuple[int, int | None, int]]
+    index: Mapping[str, tuple[Index, ...]]
+
+
+def _analyse(frame: Frame, loop: Loop) -> _Shape | None:
+    """The fragment shape of ``loop``, if its statements have one (the module docstring's conditions but the
+    warps); None otherwise."""
+    body = _body(loop)
+    if body is None:
+        return None
+    names = {s.tensor.name for s in body}
+    accesses: dict[str, list[tuple[Index, ...]]] = {n: [] for n in names}
+    for s in body:
+        if (s.tensor.role in (INPUT, OUTPUT) or s.tensor.dtype != dt.f32 or s.reducer is not None
+                or not any(isinstance(i, Slice) for i in s.index)):
+            return None
+        accesses[s.tensor.name].append(s.index)
+        for x in _exprs(s):
+            for n in walk_tile_expr(x):
+                if isinstance(n, TileLoad) and n.tensor.name in names:
+                    accesses[n.tensor.name].append(n.index)
+        for i in s.index:
+            for n in walk_tile_expr(i.start if isinstance(i, Slice) else i):
+                if isinstance(n, TileLoad):
+                    return None
+    index: dict[str, tuple[Index, ...]] = {}
+    unit = {v.name: Const(0, v.dtype) for v in frame.unit_vars}
+    for name, found in accesses.items():
+        first = _shape(found[0], unit)
+        if any(_shape(i, unit) != first for i in found[1:]):
+            return None
+        if any(_mentions(i.start if isinstance(i, Slice) else i, loop.var.name) for i in found[0]):
+            return None
+        index[name] = found[0]
+    # Row axes: a product's m, then whatever indexes a known row dimension (to a fixed point).
+    rows_of: dict[str, str] = {}
+    dims: dict[str, tuple[int, int | None]] = {}
+    for s in body:
+        dots = [n for x in _exprs(s) for n in walk_tile_expr(x) if isinstance(n, Dot)]
+        if len(dots) > 1 or (s.mask is not None and any(isinstance(n, Dot) for n in walk_tile_expr(s.mask))):
+            return None
+        if dots:
+            e = dots[0]
+            m = [a for a in axes_of(e.a) if a != e.axis]
+            if len(m) != 1:
+                return None
+            rows_of[s.block] = m[0]
+    changed = True
+    while changed:
+        changed = False
+        for s in body:
+            found = {rows_of[s.block]} if s.block in rows_of else set()
+            for x in _exprs(s):
+                for n in walk_tile_expr(x):
+                    if isinstance(n, TileLoad) and n.tensor.name in dims:
+                        i = n.index[dims[n.tensor.name][0]]
+                        if not isinstance(i, Slice):
+                            return None
+                        found.add(i.axis)
+            if len(found) > 1:
+                return None
+            if not found:
+                continue
+            row = found.pop()
+            rows_of[s.block] = row
+            slices = [(d, i) for d, i in enumerate(s.index) if isinstance(i, Slice)]
+            at = [d for d, i in slices if i.axis == row]
+            others = [d for d, i in slices if i.axis != row]
+            if len(at) != 1 or len(others) > 1:
+                return None
+            role = (at[0], others[0] if others else None)
+            old = dims.get(s.tensor.name)
+            if old is not None and old != role:
+                return None
+            if old is None:
+                dims[s.tensor.name] = role
+                changed = True
+    if set(dims) != names or any(s.block not in rows_of for s in body):
+        return None
+    sizes = {s.block: axis_sizes(s) for s in body}
+    row_sizes = {sizes[s.block][rows_of[s.block]] for s in body}
+    if len(row_sizes) != 1:
+        return None
+    rows = row_sizes.pop()
+    shape_dims: dict[str, tuple[int, int | None, int]] = {}
+    for name, (rd, cd) in dims.items():
+        cols = index[name][cd].size if cd is not None else 0  # type: ignore[union-attr]
+        if cd is not None and cols % 16:
+            return None
+        shape_dims[name] = (rd, cd, cols)
+    axes: dict[str, tuple[str, str | None]] = {}
+    for s in body:
+        row = rows_of[s.block]
+        col = next((i.axis for i in s.index if isinstance(i, Slice) and i.axis != row), None)
+        axes[s.block] = (row, col)
+        here = frame.at(sizes[s.block])
+        cols = {col: here.sizes[col]} if col is not None else {}
+        if not all(_reads_own(x, here, row, cols, shape_dims, True) for x in _exprs(s)):
+            return None
+    return _Shape(rows, axes, shape_dims, index)
+
+
+def _reads_own(x: Expr, frame: Frame, row: str, cols: Mapping[str, int],
+               dims: Mapping[str, tuple[int, int | None, int]], top: bool) -> bool:
+    """Whether every read of a loop tensor in ``x`` is of the element being computed: its row dimension at
+    ``row``, its column dimension at one of ``cols`` (axis → size); reductions along a column, and (``top``:
+    on an elementwise path from the value) a tensor-core product over (row, column) with ``b`` from memory."""
+    if isinstance(x, TileLoad) and x.tensor.name in dims:
+        rd, cd, size = dims[x.tensor.name]
+        r = x.index[rd]
+        if not isinstance(r, Slice) or r.axis != row:
+            return False
+        if cd is not None:
+            c = x.index[cd]
+            if not isinstance(c, Slice) or cols.get(c.axis) != size:
+                return False
+        return all(_reads_own(n, frame, row, cols, dims, False) for n in tile_children(x))
+    if isinstance(x, Reduce):
+        size = frame.sizes.get(x.axis, 0)
+        if x.axis == row or size % 16 or not set(axes_of(x.tile)) <= {row, x.axis}:
+            return False
+        return _reads_own(x.tile, frame, row, {x.axis: size}, dims, False)
+    if isinstance(x, Squeeze):
+        return not any(isinstance(n, TileLoad) and n.tensor.name in dims for n in walk_tile_expr(x))
+    if isinstance(x, Dot):
+        if not top or mma_type(frame, x) is None:
+            return False
+        n_axes = [a for a in axes_of(x.b) if a != x.axis]
+        if n_axes != list(cols) or set(axes_of(x.a)) != {row, x.axis}:
+            return False
+        if any(isinstance(n, TileLoad) and n.tensor.name in dims for n in walk_tile_expr(x.b)):
+            return False
+        k = frame.sizes[x.axis]
+        from_registers = any(isinstance(n, TileLoad) and n.tensor.name in dims for n in walk_tile_expr(x.a))
+        if from_registers and (k % 16 or any(isinstance(n, (Reduce, Dot)) for n in walk_tile_expr(x.a))):
+            return False
+        return (_reads_own(x.a, frame, row, {x.axis: k}, dims, False)
+                and _reads_own(x.acc, frame, row, cols, dims, False))
+    elementwise = not isinstance(x, (Reduce, Dot))
+    return all(_reads_own(c, frame, row, cols, dims, top and elementwise) for c in tile_children(x))
+
+
+def _chained(loop: Loop, dims: Mapping[str, object]) -> bool:
+    """Whether some product of the loop has an ``a`` operand computed from the loop's registers."""
+    body = _body(loop) or ()
+    return any(isinstance(n, Dot) and any(isinstance(m, TileLoad) and m.tensor.name in dims
+                                          for m in walk_tile_expr(n.a))
+               for s in body for n in walk_tile_expr(s.value))
+
+
+def warps_for(frame: Frame, loop: Loop) -> int | None:
+    """The warps a kernel needs for ``loop`` to run in fragments (rows / 16), or None where it does not
+    qualify (the options, no tensor cores, no chained product, too few rows, more than 32 warps)."""
+    o = frame.options
+    if not (o.fragment_loops and frame.tensor_cores):
+        return None
+    shape = _analyse(frame, loop)
+    if shape is None or not _chained(loop, shape.dims):
+        return None
+    warps = -(-shape.rows // STRIP)
+    if warps * STRIP < o.fragment_min_rows or warps > 32:
+        return None
+    return warps
+
+
+def epilogue(frame: Frame, loop: Loop, after: Sequence[Stmt]) -> tuple[TileStore, ...]:
+    """The statements right after ``loop`` (``after``) computed from its registers and written to memory: each
+    reads the loop's tensors at the element it writes (attention's ``out = pv / row_sum``), as a statement of
+    the loop would, holds no product, and writes neither a loop tensor nor a tensor an earlier one reads."""
+    shape = _analyse(frame, loop)
+    if shape is None:
+        return ()
+    found: list[TileStore] = []
+    written: set[str] = set()
+    for s in after:
+        if not isinstance(s, TileStore) or s.reducer is not None or s.tensor.name in shape.dims:
+            break
+        nodes = [n for x in _exprs(s) for n in walk_tile_expr(x)]
+        index = [n for i in s.index for n in walk_tile_expr(i.start if isinstance(i, Slice) else i)]
+        if any(isinstance(n, Dot) for n in nodes) or any(isinstance(n, TileLoad) for n in index):
+            break
+        loads = [n for n in nodes if isinstance(n, TileLoad)]
+        if any(n.tensor.name in written for n in loads):
+            break
+        rows = {i.axis for n in loads if n.tensor.name in shape.dims
+                for i in (n.index[shape.dims[n.tensor.name][0]],) if isinstance(i, Slice)}
+        sizes = axis_sizes(s)
+        slices = [i.axis for i in s.index if isinstance(i, Slice)]
+        if len(rows) != 1 or len(slices) > 2:
+            break
+        row = rows.pop()
+        col = next((a for a in slices if a != row), None)
+        if row not in slices or sizes[row] != shape.rows or (col is not None and sizes[col] % 16):
+            break
+        cols = {col: sizes[col]} if col is not None else {}
+        if not all(_reads_own(x, frame.at(sizes), row, cols, shape.dims, False) for x in _exprs(s)):
+            break
+        found.append(s)
+        written.add(s.tensor.name)
+    return tuple(found)
+
+
+def units(frame: Frame, body: Stmt) -> dict[int, tuple[Loop, tuple[TileStore, ...]]]:
+    """The loops of a kernel body (of ``frame.warps`` warps) that run in warp fragments, by identity, each
+    with its epilogue."""
+    found: dict[int, tuple[Loop, tuple[TileStore, ...]]] = {}
+
+    def visit(s: Stmt, after: Sequence[Stmt]) -> None:
+        if isinstance(s, Seq):
+            for k, c in enumerate(s.stmts):
+                visit(c, s.stmts[k + 1:])
+        elif isinstance(s, Loop):
+            if warps_for(frame, s) == frame.warps:
+                found[id(s)] = (s, epilogue(frame, s, after))
+            else:
+                visit(s.body, ())
+
+    visit(body, ())
+    return found
+
+
+def in_memory(frame: Frame, body: Stmt, loop: Loop, after: tuple[TileStore, ...]) -> frozenset[str]:
+    """The tensors of a fragment ``loop`` that must be read before it and written back after it: those not
+    allocated per iteration that live in global memory, or that a statement of the kernel ``body`` other than
+    the loop's and its epilogue's (``after``) reads."""
+    shape = _analyse(frame, loop)
+    assert shape is not None
+    inside = {id(s) for s in _body(loop) or ()} | {id(s) for s in after}
+    read_outside = {n.tensor.name for s in walk_tile_stmts(body) if isinstance(s, TileStore) and id(s) not in inside
+                    for x in [*_exprs(s), *(i.start if isinstance(i, Slice) else i for i in s.index)]
+                    for n in walk_tile_expr(x) if isinstance(n, TileLoad)}
+    allocated = set(allocated_at(loop))
+    return frozenset(name for name in shape.dims if name not in allocated
+                     and (name not in frame.shared_names or name in read_outside))
+
+
+def registers_only(frame: Frame, body: Stmt) -> frozenset[str]:
+    """The temporaries of a kernel body that its fragment loops keep in registers only (no shared memory)."""
+    names: set[str] = set()
+    for loop, after in units(frame, body).values():
+        shape = _analyse(frame, loop)
+        assert shape is not None
+        names |= set(shape.dims) - in_memory(frame, body, loop, after)
+    return frozenset(names)
+
+
+def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozenset[str],
+         operand: Callable[[str, Frame, Staged, DType], OperandPlan],
+         fresh: Callable[[str], str]) -> FragmentLoop:
+    """The fragment plan of ``loop`` (one of :func:`units`) with its epilogue ``after``: ``memory``, the tensors
+    read before it and written back after it (:func:`in_memory`); ``operand(block, frame, staged, low)``:
+    where a memory operand comes from."""
+    shape = _analyse(frame, loop)
+    body = _body(loop)
+    assert shape is not None and body is not None
+    allocated = set(allocated_at(loop))
+    held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name])
+                 for name, (rd, cd, cols) in shape.dims.items())
+    stmts: dict[str, FragmentStmt] = {}
+    buffers: list[tuple[str, int]] = []
+    for s in body:
+        row, col = shape.axes[s.block]
+        dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
+        if not dots:
+            stmts[s.block] = FragmentStmt(s.block, row, col)
+            continue
+        e = dots[0]
+        here = frame.at(axis_sizes(s))
+        low = mma_type(here, e)
+        assert low is not None
+        a, b = staging(here, e)
+        from_registers = any(isinstance(n, TileLoad) and n.tensor.name in shape.dims for n in walk_tile_expr(e.a))
+        ops: list[OperandPlan] = []
+        own: dict[str, str] = {}
+        for role, op in (("a", a), ("b", b)):
+            if role == "a" and from_registers:
+                # rounded once to the product's type, or split hi + lo (the options' round_operands)
+                ops.append(OperandPlan(dataclasses.replace(op, split=op.split and not frame.options.round_operands),
+                                       "registers"))
+                continue
+            source = operand(s.block, here, op, low)
+            ops.append(source)
+            if source.own_bytes:
+                name = fresh(f"f{role}")
+                own[role] = name
+                buffers.append((name, source.own_bytes))
+        ntiles = b.rows_pad // 8
+        pair = 2 if ntiles % 2 == 0 else 1
+        dot = DotPlan(MMA_SYNC, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1, pair,
+                      None, M16N8)
+        stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own)
+    for s in after:
+        loads = [n for x in _exprs(s) for n in walk_tile_expr(x) if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
+        i = loads[0].index[shape.dims[loads[0].tensor.name][0]]
+        assert isinstance(i, Slice)
+        col = next((x.axis for x in s.index if isinstance(x, Slice) and x.axis != i.axis), None)
+        stmts[s.block] = FragmentStmt(s.block, i.axis, col)
+    shared = _shared_values(frame, body, shape, fresh)
+    # The next iteration's copies during this one: two buffers per operand; not where a tile is copied at every
+    # iteration into a buffer of the loop (kept, or held by another product): those have one.
+    sources = [op.source for st in stmts.values() if st.dot is not None for op in (st.dot.a, st.dot.b)
+               if op is not None]
+    every = any(op.source == "held" or (op.source == "kept" and op.every_iteration)
+                for st in stmts.values() if st.dot is not None for op in (st.dot.a, st.dot.b) if op is not None)
+    prefetch = frame.options.prefetch and bool(buffers) and not every and "held" not in sources
+    if prefetch:
+        buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
+    return FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.round_operands, after, prefetch,
+                        shared)
+
+
+_CHEAP_CALLS = ("neg", "not", "abs")
+
+
+def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape,
+                   fresh: Callable[[str], str]) -> tuple[SharedValue, ...]:
+    """The largest costly subexpressions (a math function of the loop's tensors, no reduction or product)
+    that two or more statements compute at the same elements (equal once their row and column axes are
+    named alike), where no statement between the first and the last of them writes what they read; each is
+    computed once, before the first."""
+    def candidates(s: TileStore) -> dict[Expr, Expr]:
+        row = shape.axes[s.block][0]
+        found: dict[Expr, Expr] = {}
+
+        def visit(x: Expr) -> None:
+            nodes = list(walk_tile_expr(x))
+            axes = axes_of(x)
+            if (any(isinstance(n, Call) and n.fn not in _CHEAP_CALLS for n in nodes)
+                    and any(isinstance(n, TileLoad) and n.tensor.name in shape.dims for n in nodes)
+                    and not any(isinstance(n, (Reduce, Dot, Squeeze)) for n in nodes)
+                    and row in axes and len(axes) <= 2):
+                col = next((a for a in axes if a != row), None)
+                found.setdefault(rename_axes(x, {row: "_row", **({col: "_col"} if col else {})}), x)
+            for c in tile_children(x):
+                visit(c)
+
+        for x in _exprs(s):
+            visit(x)
+        return found
+
+    per_stmt = [candidates(s) for s in body]
+    chosen: list[SharedValue] = []
+    taken: set[Expr] = set()
+    for k, s in enumerate(body):
+        # largest first; a part of a value already shared is not shared again
+        for key, node in sorted(per_stmt[k].items(), key=lambda kv: -sum(1 for _ in walk_tile_expr(kv[0]))):
+            if key in taken or any(key in set(walk_tile_expr(t)) for t in taken):
+                continue
+            users = [j for j in range(k + 1, len(body)) if key in per_stmt[j]]
+            if not users:
+                continue
+            reads = {n.tensor.name for n in walk_tile_expr(node) if isinstance(n, TileLoad)}
+            if reads & {body[j].tensor.name for j in range(k, users[-1])}:
+                continue
+            row = shape.axes[s.block][0]
+            col = next((a for a in axes_of(node) if a != row), None)
+            widths = {_width(body[j], per_stmt[j][key], shape) for j in (k, *users)}
+            cols = widths.pop()
+            if widths or cols % 16:
+                continue
+            taken.add(key)
+            chosen.append(SharedValue((node, *(per_stmt[j][key] for j in users)), fresh("cse"), s.block, row, col,
+                                      cols))
+    return tuple(chosen)
+
+
+def _width(s: TileStore, node: Expr, shape: _Shape) -> int:
+    """The size of ``node``'s column axis in statement ``s`` (0: a row value)."""
+    row = shape.axes[s.block][0]
+    col = next((a for a in axes_of(node) if a != row), None)
+    return axis_sizes(s)[col] if col is not None else 0
+
+
+# ---------------------------------------------------------------------------------------------- printing
+def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, int],
+         kept: tuple[tuple[str, int], ...]) -> None:
+    """``loop`` and its epilogue as ``fl`` says; ``kept``: the loop's kept tiles (buffer, bytes), declared here."""
+    body = _body(loop)
+    assert body is not None
+    held = {h.name: h for h in fl.held}
+    em.line(f"// loop {loop.var.name} in warp fragments: each warp holds {STRIP} whole rows of every tile")
+    em.open("")
+    em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
+    for h in fl.held:
+        if not h.per_iteration:
+            em.line(h.declaration())
+        if h.memory:
+            _each(em, fl.rows, h, lambda h, env: em.line(
+                f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
+    for name, nbytes in kept:
+        em.shared_array("uint16_t", name, nbytes, offsets[name])
+    for name, nbytes in fl.buffers:
+        em.shared_array("uint16_t", name, nbytes, offsets[name])
+    copies = any(st.dot is not None and any(op.source in ("kept", "cp.async") for op in (st.dot.a, st.dot.b)
+                                              if op is not None) for st in fl.stmts.values())
+    var, t = loop.var.name, em.widths.loop
+    extent = em.scalar(loop.extent, {})
+    if fl.prefetch:
+        em.open(f"if ({extent} > 0)")  # the first iteration's copies
+        em.line(f"const {t} {var} = 0;")
+        _issue(em, fl, body, "first", var)
+        em.close()
+        em.line("pf::cp_async_commit();")
+    em.open(em.loop_header(loop))
+    if fl.prefetch:
+        # This iteration's tiles have landed; after the barrier every warp is past the previous iteration's
+        # products, so the other buffer is free for the next iteration's copies.
+        em.line("pf::cp_async_wait<0>();")
+        em.barrier()
+        arrays = _issue(em, fl, body, "read", var)
+        em.open(f"if ({var} + 1 < {extent})")
+        em.line(f"const {t} pf_next = {var} + 1;")
+        em.open("")
+        em.line(f"const {t} {var} = pf_next;  // the next iteration's tiles")
+        _issue(em, fl, body, "next", var)
+        em.close()
+        em.close()
+        em.line("pf::cp_async_commit();")
+        waits: dict[str, int | None] = {b: None for b in fl.stmts}
+    else:
+        em.barrier()  # the previous iteration's products have read the buffers this one refills
+        arrays, single = _issue_each(em, fl, body)
+        waits = dict(single)
+    for h in fl.held:
+        if h.per_iteration:
+            em.line(h.declaration())
+    shared: list[Expr] = []
+    try:
+        for s in body:
+            for v in fl.shared:
+                if v.before == s.block:
+                    _shared_value(em, fl, held, v)
+                    shared += v.nodes
+            _statement(em, fl, held, s, arrays, waits.get(s.block))
+    finally:
+        for node in shared:
+            em.overrides.pop(node, None)
+    em.close()
+    if copies:
+        em.line("pf::cp_async_wait<0>();")
+    for s in fl.epilogue:
+        _statement(em, fl, held, s, {}, None)
+    for h in fl.held:
+        if h.memory:
+            _each(em, fl.rows, h, lambda h, env: em.line(
+                f"{em.access(em.tensors[h.name], h.index, env)} = {em.to_storage(h.element, dt.f32)};"),
+                  writer=True)
+    em.close()
+    em.barrier()
+
+
+def _each(em: CudaEmitter, rows: int, h: Held, body: Callable[[Held, dict[str, str]], None],
+          writer: bool = False) -> None:
+    """``body(h, env)`` for every element of ``h`` the thread holds (``writer``: real rows only, and one lane per
+    row of a row vector)."""
+    index_axes = {d: i.axis for d, i in enumerate(h.index) if isinstance(i, Slice)}
+    _rows(em, index_axes[h.row_dim], rows)
+    if writer and rows % STRIP:
+        em.open(f"if (pf_m < {rows})")
+    if h.col_dim is not None:
+        _cols(em, index_axes[h.col_dim], h.cols)
+        body(h, {index_axes[h.row_dim]: axis_var(index_axes[h.row_dim]),
+                 index_axes[h.col_dim]: axis_var(index_axes[h.col_dim])})
+        em.close()
+        em.close()
+    else:
+        em.open("if (pf_lane % 4 == 0)" if writer else "")
+        body(h, {index_axes[h.row_dim]: axis_var(index_axes[h.row_dim])})
+        em.close()
+    if writer and rows % STRIP:
+        em.close()
+    em.close()
+
+
+def _rows(em: CudaEmitter, axis: str, rows: int) -> None:
+    """Open the loop over the thread's two rows (``pf_h``; ``pf_m`` the row), binding ``axis`` to the row.  Past
+    ``rows`` (the last strip's padding) the axis is the last row: those registers compute a copy of it, read
+    nothing out of bounds and are never written back."""
+    em.line("#pragma unroll")
+    em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
+    em.line(f"const int pf_m = pf_warp * {STRIP} + {M16N8.row('pf_lane', 'pf_h')};")
+    row = "pf_m" if rows % STRIP == 0 else f"(pf_m < {rows} ? pf_m : {rows - 1})"
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(axis)} = {row};")
+
+
+def _cols(em: CudaEmitter, axis: str, size: int) -> None:
+    """Open the loops over the thread's columns of a ``size``-wide tile (``pf_nb``, ``pf_j``; register ``pf_q``),
+    binding ``axis`` to the column."""
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {size // 8}; ++pf_nb)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+    em.line("[[maybe_unused]] const int pf_q = pf_h * 2 + pf_j;")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(axis)} = pf_nb * 8 + {M16N8.col('pf_lane', 'pf_j')};")
+
+
+def _buffer(fl: FragmentLoop, name: str, var: str) -> str:
+    """C text of a staging buffer's part for the iteration ``var`` names (with prefetch, two alternate)."""
+    if not fl.prefetch:
+        return name
+    half = dict(fl.buffers)[name] // 4  # 16-bit elements of one of its two parts
+    return f"({name} + ({var} & 1) * {half})"
+
+
+def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode: str, var: str
+           ) -> dict[tuple[str, str], str]:
+    """With prefetch: the copies of the iteration whose loop variable ``var`` is in scope (``first``: before the
+    loop, kept tiles too; ``next``: the next iteration's) or (``read``) only the arrays this iteration's
+    products read.  Returns each memory operand's array by (block, role)."""
+    arrays: dict[tuple[str, str], str] = {}
+    for s in body:
+        st = fl.stmts[s.block]
+        if st.dot is None:
+            continue
+        em.sizes = axis_sizes(s)
+        low = st.dot.low
+        assert low is not None
+        for role, op in (("a", st.dot.a), ("b", st.dot.b)):
+            assert op is not None
+            if op.source == "registers":
+                continue
+            if op.source == "kept":
+                assert op.buffer is not None
+                arrays[(s.block, role)] = op.buffer
+                if mode == "first":
+                    copy_async(em, op.staged, low, op.buffer)
+                continue
+            arr = _buffer(fl, st.buffers[role], var)
+            arrays[(s.block, role)] = arr
+            if mode != "read":
+                _stage(em, op, low, arr)
+    return arrays
+
+
+def _stage(em: CudaEmitter, op: OperandPlan, low: DType, arr: str) -> None:
+    """Copy or convert operand ``op`` into ``arr`` (cp.async where raw, else through registers)."""
+    if op.source == "cp.async":
+        for part, offset in op.parts:
+            copy_async(em, part, low, f"({arr} + {offset})" if offset else arr)
+    elif not (op.source == "raw" and stage_raw(em, op.staged, low, arr)) and not stage_vector(
+            em, op.staged, LOW[low.name], arr):
+        stage_elements(em, op.staged, LOW[low.name], arr)
+
+
+def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
+                ) -> tuple[dict[tuple[str, str], str], dict[str, int]]:
+    """Without prefetch: stage every memory operand of the iteration's products, in order, at its top (the
+    cp.async copies of each product one group).  Returns each operand's array by (block, role), and by block
+    the number of copy groups committed at every iteration after the product's own: what its wait may leave in
+    flight (a tile kept from the first iteration commits only then, so it is not counted: waiting for fewer is
+    safe)."""
+    arrays: dict[tuple[str, str], str] = {}
+    groups: list[tuple[str, int]] = []
+    for s in body:
+        st = fl.stmts[s.block]
+        if st.dot is None:
+            continue
+        em.sizes = axis_sizes(s)
+        low = st.dot.low
+        assert low is not None
+        count, own_async = 0, False
+        for role, op in (("a", st.dot.a), ("b", st.dot.b)):
+            assert op is not None
+            if op.source == "registers":
+                continue
+            if op.source in ("kept", "held"):
+                arr = em.fresh(f"t{role}")
+                consume(em, op, low, arr)  # (a kept tile commits its own group)
+                count += int(op.source == "kept" and op.every_iteration)
+            else:
+                arr = st.buffers[role]
+                _stage(em, op, low, arr)
+                own_async = own_async or op.source == "cp.async"
+            arrays[(s.block, role)] = arr
+        if own_async:
+            em.line("pf::cp_async_commit();")
+            count += 1
+        groups.append((s.block, count))
+    waits: dict[str, int] = {}
+    later = 0
+    for block, count in reversed(groups):
+        waits[block] = later
+        later += count
+    return arrays, waits
+
+
+def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore,
+               arrays: Mapping[tuple[str, str], str], wait: int | None) -> None:
+    """Statement ``s`` on the thread's fragment elements: into its registers, or (the epilogue) into memory
+    for the real rows.  ``wait``: copy groups its product may leave in flight before its barrier (None: the
+    iteration's copies have been waited for)."""
+    st = fl.stmts[s.block]
+    em.sizes = axis_sizes(s)
+    em.materialized = {}
+    em.line(f"// {s.block}")
+    em.open("")
+    env = {a: axis_var(a) for a in em.sizes}
+    added: list[Expr] = []
+
+    def override(node: Expr, text: str) -> None:
+        em.overrides[node] = text
+        added.append(node)
+
+    added += _load_overrides(em, held, _exprs(s), env)
+    try:
+        for r in _reductions(s):
+            name, ct = em.fresh("fr"), em.reduce_type(r)
+            em.line(f"{ct} {name}[2];")
+            _rows(em, st.row, fl.rows)
+            acc = em.fresh("acc")
+            em.line(f"{ct} {acc} = {_REDUCE_INIT[r.op]};")
+            _cols(em, r.axis, em.sizes[r.axis])
+            em.line(f"{acc} = {em.combine(r.op, acc, em.scalar(r.tile, env), ct)};")
+            em.close()
+            em.close()
+            em.shuffle_combine(r.op, acc, ct, 4)  # the four lanes of the row
+            em.line(f"{name}[pf_h] = {em.reduce_result(r, acc)};")
+            em.close()
+            override(r, f"{name}[pf_h]")
+        if st.dot is not None:
+            e = next(n for n in walk_tile_expr(s.value) if isinstance(n, Dot))
+            acc = _product(em, fl, st, e, env, arrays, wait)
+            total = f"{acc}[pf_nb][pf_q]"
+            if not _zero(e.acc):  # (the accumulators started at +0)
+                total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
+            override(e, total)
+        target = held.get(s.tensor.name)
+        _rows(em, st.row, fl.rows)
+        if target is None and fl.rows % STRIP:
+            em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
+        if st.col is not None:
+            for x in _row_parts(_exprs(s), st.row):
+                name = em.fresh("row")
+                em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
+                override(x, name)
+            _cols(em, st.col, em.sizes[st.col])
+        if target is not None:
+            value = em.convert(em.scalar(s.value, env), s.value.dtype, dt.f32)
+            if s.mask is not None:
+                value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
+            em.line(f"{target.element} = {value};")
+        else:
+            em.assign(s, env)
+        if st.col is not None:
+            em.close()
+            em.close()
+        if target is None and fl.rows % STRIP:
+            em.close()
+        em.close()
+    finally:
+        for node in added:
+            em.overrides.pop(node, None)
+    em.close()
+
+
+def _shared_value(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], v: SharedValue) -> None:
+    """Compute shared value ``v`` into its registers; statements read it from there (an override)."""
+    em.line(f"// computed once for the statements that use it: {v.register}")
+    em.line(f"float {v.register}{f'[{v.cols // 8}][4]' if v.col is not None else '[2]'};")
+    node = v.nodes[0]
+    env = {a: axis_var(a) for a in axes_of(node)}
+    added = _load_overrides(em, held, [node], env)
+    try:
+        _rows(em, v.row, fl.rows)
+        if v.col is not None:
+            _cols(em, v.col, v.cols)
+        element = f"{v.register}[pf_nb][pf_q]" if v.col is not None else f"{v.register}[pf_h]"
+        em.line(f"{element} = {em.convert(em.scalar(node, env), node.dtype, dt.f32)};")
+        if v.col is not None:
+            em.close()
+            em.close()
+        em.close()
+    finally:
+        for node in added:
+            em.overrides.pop(node, None)
+    for n in v.nodes:
+        em.overrides[n] = element
+
+
+def _load_overrides(em: CudaEmitter, held: Mapping[str, Held], exprs: list[Expr], env: dict[str, str]) -> list[Expr]:
+    """Make every load of a held tensor in ``exprs`` read its register (masked loads: under the mask, else
+    ``other``); returns the nodes overridden."""
+    added: list[Expr] = []
+    for x in exprs:
+        for n in walk_tile_expr(x):
+            if isinstance(n, TileLoad) and n.tensor.name in held and n not in em.overrides:
+                element = held[n.tensor.name].element
+                if n.mask is not None:
+                    other = em.literal(n.other.value if n.other is not None else 0, n.tensor.dtype)
+                    element = f"({em.scalar(n.mask, env)} ? {element} : {other})"
+                em.overrides[n] = element
+                added.append(n)
+    return added
+
+
+def _zero(x: Expr) -> bool:
+    """Whether ``x`` is the constant 0 (possibly broadcast or permuted)."""
+    while isinstance(x, (Broadcast, Permute)):
+        x = x.tile
+    return isinstance(x, Const) and x.value == 0
+
+
+def _row_parts(exprs: list[Expr], row: str) -> list[Expr]:
+    """The largest parts of a statement's value that depend on no axis but its ``row`` (a rolling update's
+    rescale factor and conditions, ALiBi's slope) and read a tensor or a reduction or call a math function:
+    computed once per row of the thread, before its columns.  Not inside a product or a reduction (their
+    operands have other axes)."""
+    found: list[Expr] = []
+
+    def visit(x: Expr) -> None:
+        if x in found or isinstance(x, (Var, Const, Dot, Reduce)):
+            return
+        if set(axes_of(x)) <= {row} and not isinstance(x, TileLoad) and any(
+                _costly(n) for n in walk_tile_expr(x)) and not any(isinstance(n, Dot) for n in walk_tile_expr(x)):
+            found.append(x)
+            return
+        for c in tile_children(x):
+            visit(c)
+
+    for x in exprs:
+        visit(x)
+    return found
+
+
+def _costly(n: Expr) -> bool:
+    """A node worth computing once where it can: a read, a reduction, a math function, a power or division."""
+    return (isinstance(n, (TileLoad, Reduce)) or (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
+            or (isinstance(n, BinOp) and n.op in ("pow", "/", "//", "%")))
+
+
+def _reductions(s: TileStore) -> list[Reduce]:
+    """The statement's reductions, innermost first, each once (none inside a product)."""
+    found: list[Reduce] = []
+
+    def visit(x: Expr) -> None:
+        if isinstance(x, Dot):
+            visit(x.acc)
+            return
+        for c in tile_children(x):
+            visit(c)
+        if isinstance(x, Reduce) and x not in found:
+            found.append(x)
+
+    for x in _exprs(s):
+        visit(x)
+    return found
+
+
+def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
+             arrays: Mapping[tuple[str, str], str], wait: int | None) -> str:
+    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``); returns the name."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
+    low = LOW[plan.low.name]
+    a, b = plan.a.staged, plan.b.staged
+    ntiles = b.rows_pad // 8
+    acc = em.fresh("fc")
+    em.line(f"float {acc}[{ntiles}][4] = {{}};")
+    split = a.split
+    if not st.a_registers:
+        sa = arrays[(st.block, "a")]
+    sb = arrays[(st.block, "b")]
+    if wait is not None:
+        em.line(f"pf::cp_async_wait<{wait}>();")
+        em.barrier()
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_ks = 0; pf_ks < {a.kp // 16}; ++pf_ks)")
+    if st.a_registers:
+        # a's values of this k step (two 8-column tiles of the registers' columns), computed here so that only
+        # one step's are live, then packed in pairs into the A fragment: registers 0-3 are (row g, k 2t..),
+        # (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..), the accumulator layout of tiles 2·step and 2·step + 1.
+        values = em.fresh("fa")
+        em.line(f"float {values}[2][4];  // a = {a.rows}x{a.kk} from registers, k {16} columns of this step")
+        _rows(em, st.row, fl.rows)
+        em.line("#pragma unroll")
+        em.open("for (int pf_t = 0; pf_t < 2; ++pf_t)")
+        em.line("#pragma unroll")
+        em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+        em.line("[[maybe_unused]] const int pf_nb = 2 * pf_ks + pf_t, pf_q = pf_h * 2 + pf_j;")
+        em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(e.axis)} = pf_nb * 8 + "
+                f"{M16N8.col('pf_lane', 'pf_j')};")
+        em.line(f"{values}[pf_t][pf_q] = {em.convert(em.scalar(e.a, env), e.a.dtype, dt.f32)};")
+        em.close()
+        em.close()
+        em.close()
+        em.line("uint32_t pf_fa[4];")
+        if split:
+            em.line("uint32_t pf_fa_lo[4];")
+        for r, (nb, q) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
+            pair = [f"{values}[{nb}][{q + j}]" for j in (0, 1)]
+            em.line(f"pf_fa[{r}] = pf::pack_{low}({pair[0]}, {pair[1]});")
+            if split:
+                rest = [f"pf::split_rest({p}, pf::round_{low}({p}))" for p in pair]
+                em.line(f"pf_fa_lo[{r}] = pf::pack_{low}({rest[0]}, {rest[1]});")
+    else:
+        fa = LdmatrixFragment("a", a.trans)
+        at = fa.address("pf_lane", "pf_warp", "pf_ks * 16", a.stride)
+        for name, offset in (("pf_fa", ""), ("pf_fa_lo", f"{a.size} + ")) if split else (("pf_fa", ""),):
+            em.line(f"uint32_t {name}[4];")
+            em.line(f"{fa.instruction}({name}, &{sa}[{offset}{at}]);")
+    fb = LdmatrixFragment("b", b.trans, plan.pair)
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {ntiles}; pf_nb += {plan.pair})")
+    at = fb.address("pf_lane", "pf_nb", "pf_ks * 16", b.stride)
+    parts = (("pf_fb", ""), ("pf_fb_lo", f"{b.size} + ")) if b.split else (("pf_fb", ""),)
+    for name, offset in parts:
+        em.line(f"uint32_t {name}[{fb.registers}];")
+        em.line(f"{fb.instruction}({name}, &{sb}[{offset}{at}]);")
+    products = [("pf_fa", "pf_fb"), *((("pf_fa_lo", "pf_fb"),) if split else ()),
+                *((("pf_fa", "pf_fb_lo"),) if b.split else ())]
+    for fa_name, fb_name in products:
+        for j in range(plan.pair):
+            operand = f"{fb_name}" if plan.pair == 1 else f"{fb_name}_{j}"
+            if plan.pair > 1:
+                em.line(f"const uint32_t {operand}[2] = {{{fb_name}[{2 * j}], {fb_name}[{2 * j + 1}]}};")
+            em.line(f"pf::mma_{low}({acc}[pf_nb{f' + {j}' if j else ''}], {fa_name}, {operand});")
+    em.close()
+    em.close()
+    return acc
+
+
+def shared_bytes(fl: FragmentLoop) -> int:
+    """Bytes of the loop's own staging buffers."""
+    return sum(math.ceil(n / 16) * 16 for _, n in fl.buffers)
