@@ -73,6 +73,21 @@ PF_DEV uint16_t float_to_f16(float x) {
 }
 #endif
 
+// NumPy's maximum/minimum of f32 (NaN if either is NaN) in one instruction on sm_80+ (max.NaN / min.NaN)
+// instead of two NaN tests and two selects; of +0 and -0 either may come back (the templates return the second).
+#if !defined(__HIPCC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+template <> PF_DEV float max<float>(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+template <> PF_DEV float min<float>(float a, float b) {
+    float r;
+    asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+#endif
+
 PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 
 // ---------------------------------------------------------------- bf16

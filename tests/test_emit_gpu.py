@@ -36,6 +36,11 @@ FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_sc
 ATTENTION = [(n, m) for n, m in FUSED if n.startswith("attn")]
 WERROR = CompileOptions(werror=True)
 """Compile tests treat warnings as errors (nvcc ``-Werror all-warnings``, hipcc ``-Werror``)."""
+SHARED_PATH = CUDA.with_options(fragment_loops=False)
+"""CUDA with attention's key loop printed statement by statement through shared memory (the path every loop
+that does not run in warp fragments takes): the tests of that path's staging, epilogues and row groups."""
+OLD_TILE = GpuTuning(prefill_tile=(32, 64), prefill_min_rows=16)
+"""Prefill tiles of at most 32 query rows (8 warps share each tile: the shared-memory path's measured best)."""
 
 
 def _tiles(name: str, mode: str, target: str = "cuda", tuning: GpuTuning | None = None, **sizes: int):
@@ -272,7 +277,7 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
     # change with the loop: copied once, at the first iteration, into a buffer of its own.  k and v are
     # copied at every iteration; each dot commits its copies and waits for them right before the
     # barrier that publishes its operands.
-    text = emit(_tiles("attn_causal", "prefill"), CUDA).text
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH).text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
     assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
@@ -285,7 +290,7 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
 
 
 def test_synchronous_staging_copies_through_registers_when_cp_async_is_off():
-    text = emit(_tiles("attn_causal", "prefill"), CUDA.with_options(async_staging=False, keep_invariant=False)).text
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(async_staging=False, keep_invariant=False)).text
     assert "cp_async" not in text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3
 
@@ -335,7 +340,7 @@ def test_small_output_dots_are_block_reductions():
 
 
 def test_tensor_core_results_go_in_place_into_padded_rows():
-    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64), CUDA).text
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64, tuning=OLD_TILE), SHARED_PATH).text
     # qk and pv_rf are inlined into their readers (polyfuse.tiling.inline): score and pv are
     # computed in the epilogues of their dots and written in place, into rows 64 + 8 words
     # apart (bank-conflict free for the row reductions and the epilogues); no result array.
@@ -347,7 +352,7 @@ def test_tensor_core_results_go_in_place_into_padded_rows():
     assert "// qk\n" not in text and "// pv_rf\n" not in text
     # Ragged tiles (S = 40) keep masked stores: the dot goes to a pitched result array, written
     # in pairs (16 columns + 24 words of padding).
-    ragged = _statement(emit(_tiles("attn_causal", "prefill"), CUDA).text, "qk")
+    ragged = _statement(emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH).text, "qk")
     assert "make_float2" in ragged and "* 40 + pf_n]" in ragged
 
 
@@ -355,7 +360,7 @@ def test_rolling_accumulators_stay_in_registers_across_the_loop():
     # pv = pv·h + P·V: each thread keeps its fragment of pv in registers for the whole key loop,
     # read once before it and written back once after it; inside the loop pv is neither read
     # nor written in shared memory.
-    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64), CUDA).text
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, D=64, Dv=64, tuning=OLD_TILE), SHARED_PATH).text
     loop = text[text.index("for (int j_0"):text.index("// pv: pv from registers")]
     assert "pv[" not in loop
     assert re.search(r"float pf_racc\d+\[\d\]\[4\] = \{\};  // pv: pv in registers", text)
@@ -465,19 +470,19 @@ def test_min_blocks_asks_for_registers_that_let_blocks_reside():
     # Causal prefill's block takes 62 KB of shared memory at the bench preset: 3 blocks fit on an SM, and
     # the kernel asks for registers that let 3 reside.  Global prefill's 42 KB let 5 reside: it asks nothing.
     for name, asks in (("attn_causal", True), ("attn_global", False)):
-        source = emit(_tiles(name, "prefill", **ops.get(name).presets["prefill"]), CUDA)
+        source = emit(_tiles(name, "prefill", tuning=OLD_TILE, **ops.get(name).presets["prefill"]), SHARED_PATH)
         (launch,) = source.launches
         resident = CUDA.device.blocks_per_sm(launch.shared)
         assert (resident <= CUDA.options.min_blocks) == asks
         assert (f"__launch_bounds__(256, {resident})" in source.text) == asks
-    unasked = emit(_tiles("attn_causal", "prefill"), CUDA.with_options(min_blocks=None)).text
+    unasked = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(min_blocks=None)).text
     assert "__launch_bounds__(256, " not in unasked
 
 
 def test_cheap_broadcasts_are_recomputed_not_staged():
     # The causal mask compares two index expressions: recomputed per element, not staged in
     # shared memory behind extra barriers; the costly exp(m_prev - m) is still computed once per row.
-    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA).text
+    text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, tuning=OLD_TILE), SHARED_PATH).text
     assert "int32_t* pf_" not in _statement(text, "score")
     assert re.search(r"(exp|__expf)\(", _statement(text, "pv").split("__syncthreads")[0])
 
@@ -573,7 +578,7 @@ def test_row_groups_compile(name, mode, sizes, backend):
     tool = "nvcc" if backend == "cuda" else "hipcc"
     if shutil.which(tool) is None and not (backend == "hip" and os.path.exists("/opt/rocm/bin/hipcc")):
         pytest.skip(f"needs {tool}")
-    source = emit(_tiles(name, mode, backend, **sizes), CUDA if backend == "cuda" else HIP)
+    source = emit(_tiles(name, mode, backend, **sizes), SHARED_PATH if backend == "cuda" else HIP)
     assert "// row group:" in source.text
     compile_gpu(source.text, f"rows_{name}_{mode}", backend, source.target.arch, options=WERROR, compile_only=True)
 

@@ -13,6 +13,7 @@ import pytest
 from polyfuse import ops
 from polyfuse.emit_cpp import CodegenOptions
 from polyfuse.errors import BackendUnavailable, LaunchError
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.pipeline import build
 
@@ -21,11 +22,12 @@ pytestmark = pytest.mark.gpu
 FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
 
 
-def _kernel(name: str, mode: str, loader: str | None = None, codegen: CodegenOptions | None = None, **sizes: int):
+def _kernel(name: str, mode: str, loader: str | None = None, codegen: CodegenOptions | None = None,
+            tuning: GpuTuning | None = None, **sizes: int):
     op = ops.get(name)
     sizes = {**op.sizes(mode), **sizes}
     try:
-        kernel = build(default_schedule(name, mode, op.program(mode, **sizes), target="cuda"), "cuda",
+        kernel = build(default_schedule(name, mode, op.program(mode, **sizes), target="cuda", tuning=tuning), "cuda",
                        sizes=sizes, loader=loader, werror=True, codegen=codegen)
     except BackendUnavailable as err:
         pytest.skip(str(err))
@@ -66,8 +68,9 @@ def test_row_groups_give_the_same_bits(name, mode, sizes):
     # A run of row statements computed in one pass (polyfuse.emit_cpp.rows) evaluates the same expressions
     # in the same order as the statement-by-statement code: the outputs are bit for bit those without it,
     # and match NumPy.  (Sizes without padding: a masked statement is not part of a row group.)
-    op, sizes, grouped = _kernel(name, mode, **sizes)
-    _, _, plain = _kernel(name, mode, codegen=CodegenOptions(row_groups=False), **sizes)
+    # (attention's key loop in warp fragments has no row statements: the shared-memory path is compared)
+    op, sizes, grouped = _kernel(name, mode, codegen=CodegenOptions(fragment_loops=False), **sizes)
+    _, _, plain = _kernel(name, mode, codegen=CodegenOptions(row_groups=False, fragment_loops=False), **sizes)
     assert ("// row group:" in grouped.kernel_source.text) == (name != "softmax")
     assert "// row group:" not in plain.kernel_source.text
     for magnitude in op.magnitudes:
@@ -80,6 +83,33 @@ def test_row_groups_give_the_same_bits(name, mode, sizes):
 
 
 _MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
+
+
+@pytest.mark.parametrize(("name", "sizes", "tuning"), [
+    ("attn_causal", {"Sq": 128, "Skv": 128}, None),
+    ("attn_causal", {"Sq": 40, "Skv": 40}, GpuTuning(prefill_min_rows=40)),
+    ("attn_alibi", {"Sq": 100, "Skv": 100}, None), ("attn_norm_inside", {"Sq": 96, "Skv": 160}, None),
+    ("attn_softcap", {}, None)])
+def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuning):
+    # The key loop in warp fragments (emit_cpp/fragments.py), P rounded once (default) or split hi + lo, against
+    # NumPy at every magnitude and every input variant; split, it also matches the shared-memory path within
+    # the f32 terms of the tolerance.  The 40-row tile has a ragged last strip (3 warps, 8 padding rows).
+    op, sizes, once = _kernel(name, "prefill", tuning=tuning, **sizes)
+    _, _, split = _kernel(name, "prefill", codegen=CodegenOptions(round_operands=False), tuning=tuning, **sizes)
+    _, _, shared = _kernel(name, "prefill", codegen=CodegenOptions(fragment_loops=False), tuning=tuning, **sizes)
+    assert "in warp fragments" in once.kernel_source.text and "pf_fa_lo" in split.kernel_source.text
+    assert "in warp fragments" not in shared.kernel_source.text
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
+            inputs = op.inputs(6, "prefill", sizes, magnitude, variant)
+            reference = op.reference(inputs, "prefill", sizes)
+            a, b, c = once.run(inputs), split.run(inputs), shared.run(inputs)
+            for got in (a, b):
+                result = ops.compare(got, reference, tolerance)
+                assert result.ok, f"{variant} at magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+            result = ops.compare(b, c, tolerance)
+            assert result.ok, f"{variant} at magnitude {magnitude:g}: split against shared {result.line()}"
 
 
 _NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False)

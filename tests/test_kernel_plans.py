@@ -17,8 +17,8 @@ from polyfuse.device import PRESETS, preset
 from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan
 from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, LdmatrixFragment
 from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.emit_cpp.plan import ProgramPlan
-from polyfuse.emit_cpp.rows import RowGroup
 from polyfuse.errors import PolyfuseError, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
@@ -38,7 +38,14 @@ def _dots(plan: ProgramPlan) -> list[DotPlan]:
     for k in plan.kernels:
         for s in k.stmts.values():
             out += list(s.dots.values()) + ([s.dot] if s.dot is not None else [])
+        for lp in k.loops.values():
+            if lp.fragments is not None:
+                out += [st.dot for st in lp.fragments.stmts.values() if st.dot is not None]
     return out
+
+
+def _fragments(k):
+    return [lp.fragments for lp in k.loops.values() if lp.fragments is not None]
 
 
 def test_the_m16n8_fragment_covers_the_tile_once():
@@ -57,9 +64,13 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
     _, plan = gpu_plan(_tiles(name, mode), Target("cuda", device))
     for k in plan.kernels:
         assert k.peak <= device.shared_per_block
-        assert k.threads == (k.nest.warps or device.default_warps) * 32 or k.nest.kind == "map"
+        fragments = _fragments(k)
+        # a loop in warp fragments asks for a warp per 16 rows of its tiles
+        warps = -(-fragments[0].rows // 16) if fragments else k.nest.warps or device.default_warps
+        assert k.threads == warps * 32 or k.nest.kind == "map"
         if k.min_blocks is not None:
-            assert 1 < k.min_blocks == device.blocks_per_sm(k.peak) <= CodegenOptions().min_blocks
+            assert 1 < k.min_blocks <= device.blocks_per_sm(k.peak) <= CodegenOptions().min_blocks
+            assert k.min_blocks * k.threads * max((f.registers for f in fragments), default=0) <= 65536
     for d in _dots(plan):
         assert d.instruction in (MMA_SYNC, FMA, BLOCK_REDUCE, PER_OUTPUT)
         if d.instruction != MMA_SYNC:
@@ -71,42 +82,86 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
         assert a.stride == (a.rows_pad if a.trans else a.kp) + 8  # rows 8 elements apart in the banks
         assert d.mtiles * 16 == a.rows_pad and d.groups * d.per * 8 >= b.rows_pad
         assert d.kgroups == 1 or d.units * d.kgroups == 8  # a split k gives every one of the 8 warps a share
-        assert d.pair == 1 or (a.split or b.split)
+        fragment = d.a.source == "registers" or any(d is st.dot for k in plan.kernels for f in _fragments(k)
+                                                    for st in f.stmts.values())
+        assert d.pair == 1 or (a.split or b.split) or fragment
         for op in (d.a, d.b):
-            assert op.source in ("kept", "held", "cp.async", "raw", "converted")
+            assert op.source in ("kept", "held", "cp.async", "raw", "converted", "registers")
             if op.source == "cp.async":
                 assert not any(part.split for part, _ in op.parts)
 
 
 def test_causal_prefill_plan():
-    # q·kᵀ on tensor cores from f16 tiles copied by cp.async (q once per block, kept by the loop), the
-    # statistics one row group, p·v (P split hi + lo) accumulated in registers across the key tiles.
+    # The key loop runs in warp fragments: 8 warps of 16 query rows; S = q·kᵀ from the kept q tile and the
+    # cp.async k tile, the masked score, the statistics and O = O·h + P·v in registers (P from the score
+    # registers, rounded once), exp(score - max) computed once for P and the row sum, the next iteration's k
+    # and v copied during this one, and out written from the registers after the loop: no shared temporaries.
     _, plan = gpu_plan(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA)
     (kernel,) = plan.kernels
-    loop = next(iter(kernel.loops.values()))
-    assert loop.stored == ("pv",) and loop.streams is not None
-    by_block = {s.block: s for s in kernel.stmts.values()}
-    score = by_block["score"]  # (q·kᵀ inlined into the masked score, computed in the product's epilogue)
-    qk = score.dot
-    assert score.in_place and not score.in_registers and len(score.row_values) == 2
-    assert qk.instruction == MMA_SYNC and qk.low == dt.f16
-    assert qk.a.source == "kept" and not qk.a.every_iteration
-    assert qk.b.source == "cp.async"
-    pv = by_block["pv"]
-    assert pv.in_place and pv.in_registers and pv.dot.a.staged.split and pv.dot.kgroups == 1
-    groups = [p for parts in kernel.seqs.values() for p in parts if isinstance(p, RowGroup)]
-    assert [[s.block for s in g.stores] for g in groups] == [["row_max_save", "row_max", "row_sum_rf", "row_sum"]]
+    assert kernel.threads == 256 and kernel.shared == ()
+    (loop,) = kernel.loops.values()
+    f = loop.fragments
+    assert f is not None and f.rows == 128 and f.prefetch and f.round_once
+    assert [e.block for e in f.epilogue] == ["out"]
+    held = {h.name: h for h in f.held}
+    assert not held["pv"].memory and not held["pv"].per_iteration and held["score"].per_iteration
+    assert held["pv"].cols == 16 and held["score"].cols == 64 and held["row_max"].col_dim is None
+    qk = f.stmts["score"].dot
+    assert qk.instruction == MMA_SYNC and qk.low == dt.f16 and qk.per == 8 and qk.mtiles == 8
+    assert qk.a.source == "kept" and not qk.a.every_iteration and qk.b.source == "cp.async"
+    pv = f.stmts["pv"]
+    assert pv.a_registers and pv.dot.a.source == "registers" and not pv.dot.a.staged.split
+    assert len(f.shared) == 2  # exp(score - max) of P and the row sum, exp(max_prev - max) of both updates
     text = str(plan)
-    assert "kernel polyfuse_attn_causal_k0 (block)" in text and "pv: in the epilogue of its dot, in registers" in text
+    assert "in warp fragments: 8 warps of 16 whole rows (128 real)" in text
+    assert "after the loop, from registers: out" in text
+    # P split hi + lo on request; without fragment loops the tiles go through shared memory as before
+    _, split = gpu_plan(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA.with_options(round_operands=False))
+    assert next(iter(split.kernels[0].loops.values())).fragments.stmts["pv"].dot.a.staged.split
+    _, old = gpu_plan(_tiles("attn_causal", "prefill", Sq=256, Skv=256), CUDA.with_options(fragment_loops=False))
+    assert all(lp.fragments is None for lp in old.kernels[0].loops.values()) and old.kernels[0].threads == 256
+    assert "pv: in the epilogue of its dot, in registers" in str(old)
+
+
+def test_fragment_loops_need_rows_for_two_warps_and_a_chained_product():
+    # Decode's few query rows stay spread over all warps by key columns; a GEMM's k loop (one product of memory
+    # operands) keeps its register accumulators over all warps.
+    for name, mode in (("attn_global", "decode"), ("attn_mla_decode", "decode"), ("quant_gemm", "default")):
+        _, plan = gpu_plan(_tiles(name, mode), CUDA)
+        assert not any(_fragments(k) for k in plan.kernels), name
+    # a ragged last strip: a tile of 40 query rows in 3 warps, the padding rows computed as copies of the last
+    # row and never written
+    tiles = _ragged_tiles()
+    _, plan = gpu_plan(tiles, CUDA)
+    (f,) = _fragments(plan.kernels[0])
+    assert f.rows == 40 and plan.kernels[0].threads == 96
+    text = emit(tiles, CUDA).text
+    assert "(pf_m < 40 ? pf_m : 39)" in text and "if (pf_m < 40)" in text
+
+
+def _ragged_tiles():
+    """Causal prefill of 40 queries in one tile of 40 rows (not a multiple of a warp's 16)."""
+    op = ops.get("attn_causal")
+    sizes = {**op.sizes("prefill"), "Sq": 40, "Skv": 40}
+    sch = default_schedule("attn_causal", "prefill", op.program("prefill", **sizes), target="cuda",
+                           tuning=GpuTuning(prefill_min_rows=40))
+    return to_tiles(sch.program)
 
 
 def test_plans_follow_the_device():
     # The same program on sm_80 and sm_90a: the same dots, other occupancy (164 KB against 228 KB per SM);
     # HIP (gfx90a, wavefronts of 64) has no mma.sync: every dot is an FMA or a reduction, 4 wavefronts a block.
     tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
-    _, h100 = gpu_plan(tiles, CUDA)
-    _, a100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_80"]))
-    assert [d.describe() for d in _dots(h100)] == [d.describe() for d in _dots(a100)]
+    options = CodegenOptions(fragment_loops=False)  # (in warp fragments the registers bound the occupancy)
+    _, h100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_90a"], options))
+    _, a100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_80"], options))
+    def shapes(plan):  # (where operands come from may differ: a kept tile that does not fit the A100 is staged)
+        return [(d.instruction, d.m, d.n, d.k, d.mtiles, d.groups, d.per) for d in _dots(plan)]
+
+    assert shapes(h100) == shapes(a100)
+    small = _tiles("attn_causal", "prefill", Sq=256, Skv=256)
+    _, h100 = gpu_plan(small, Target("cuda", PRESETS["sm_90a"], options))
+    _, a100 = gpu_plan(small, Target("cuda", PRESETS["sm_80"], options))
     assert h100.kernels[0].blocks_per_sm == PRESETS["sm_90a"].blocks_per_sm(h100.kernels[0].peak)
     assert a100.kernels[0].blocks_per_sm == PRESETS["sm_80"].blocks_per_sm(a100.kernels[0].peak)
     assert h100.kernels[0].blocks_per_sm > a100.kernels[0].blocks_per_sm
@@ -123,10 +178,10 @@ def test_a_kernel_past_the_device_shared_memory_is_refused_before_printing():
 
 def test_kept_tiles_are_dropped_where_they_would_not_fit():
     tiles = _tiles("attn_causal", "prefill", Sq=256, Skv=256)
-    _, plan = gpu_plan(tiles, CUDA)
+    _, plan = gpu_plan(tiles, CUDA.with_options(fragment_loops=False))
     kernel = plan.kernels[0]
     without = dataclasses.replace(PRESETS["sm_90a"], shared_per_block=kernel.peak - 1)
-    _, tight = gpu_plan(tiles, Target("cuda", without))
+    _, tight = gpu_plan(tiles, Target("cuda", without, CodegenOptions(fragment_loops=False)))
     assert kernel.keeps_tiles and not tight.kernels[0].keeps_tiles
     assert tight.kernels[0].peak < kernel.peak
 
@@ -187,14 +242,14 @@ def test_a_kernel_no_tile_size_fits_is_refused_with_the_reason():
 
 
 def test_the_blocks_with_the_most_work_start_first():
-    # Causal prefill's key loop stops where the mask hides the rest (i_0 // 2 + 1 tiles of 64 keys for query
-    # tile i_0 of 32 rows): the query tiles are decoded slowest and from the last, so the longest blocks run
+    # Causal prefill's key loop stops where the mask hides the rest (2·i_0 + 2 tiles of 64 keys for query
+    # tile i_0 of 128 rows): the query tiles are decoded slowest and from the last, so the longest blocks run
     # first and the short ones fill the tail.  Global attention's blocks all do the same work.
     tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
     _, plan = gpu_plan(tiles, CUDA)
     assert plan.kernels[0].heavy_first == "i_0"
     text = emit(tiles, CUDA).text
-    assert "const int i_0 = static_cast<int>(((128) - 1) - pf_bid % (128));" in text
+    assert "const int i_0 = static_cast<int>(((32) - 1) - pf_bid % (32));" in text
     assert text.index("const int h = ") < text.index("const int i_0 = ")
     _, flat = gpu_plan(_tiles("attn_global", "prefill", **ops.get("attn_global").presets["prefill"]), CUDA)
     assert flat.kernels[0].heavy_first is None

@@ -411,8 +411,8 @@ class OperandPlan:
     ``source``: ``"kept"`` (a buffer of its loop, copied by cp.async at the first iteration, or at every
     iteration where another dot reads it too), ``"held"`` (another dot's kept tile of the same iteration
     holds it: read in place, at that tile's pitch), ``"registers"`` (computed in a loop's warp fragments,
-    :mod:`~polyfuse.emit_cpp.fragments`: never in shared memory), ``"cp.async"`` (raw 16-bit copies, possibly of the parts
-    of a tensor split before the kernels: ``parts``), ``"raw"`` (128-bit copies through registers) or
+    :mod:`~polyfuse.emit_cpp.fragments`: never in shared memory), ``"cp.async"`` (raw 16-bit copies, possibly of
+    the parts of a tensor split before the kernels: ``parts``), ``"raw"`` (128-bit copies through registers) or
     ``"converted"`` (computed, converted to 16 bits and split where it is f32).
     """
 

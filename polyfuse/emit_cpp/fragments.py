@@ -53,13 +53,13 @@ from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, sta
 from polyfuse.emit_cpp.stream import consume
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes,
-    tile_children, walk_tile_expr, walk_tile_stmts,
+    Broadcast, Dot, Index, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, depends_on,
+    map_tile_expr, tile_children, walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
 from polyfuse.tiling.parallel import allocated_at
@@ -90,6 +90,8 @@ class Held:
     per_iteration: bool
     memory: bool
     index: tuple[Index, ...]
+    initial: float = 0.0
+    """The registers' value before the loop (registers only): what the program's first iteration reads."""
 
     @property
     def element(self) -> str:
@@ -98,14 +100,21 @@ class Held:
 
     def declaration(self) -> str:
         shape = f"[{self.cols // 8}][4]" if self.col_dim is not None else "[2]"
-        return f"float {self.register}{shape} = {{}};"
+        if self.initial == 0.0:
+            return f"float {self.register}{shape} = {{}};"
+        value = (("-" if self.initial < 0 else "") + "INFINITY" if math.isinf(self.initial)
+                 else f"{float.hex(self.initial)}f")
+        fill = f"for (auto& pf_x : {self.register}) " + ("for (float& pf_y : pf_x) pf_y" if self.col_dim is not None
+                                                        else "pf_x")
+        return f"float {self.register}{shape}; {fill} = {value};"
 
 
 @dataclass(frozen=True)
 class FragmentStmt:
     """One statement of the loop: its row axis and column axis (None: a row statement), the plan of its
-    product if it has one, whether that product's ``a`` is computed from registers, and the shared buffers
-    of the product's operands staged per iteration (by role ``a``/``b``; none for kept tiles and registers)."""
+    product if it has one, whether that product's ``a`` is computed from registers, the shared buffers
+    of the product's operands staged per iteration (by role ``a``/``b``; none for kept tiles and registers),
+    and the value it computes."""
 
     block: str
     row: str
@@ -113,6 +122,9 @@ class FragmentStmt:
     dot: DotPlan | None = None
     a_registers: bool = False
     buffers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    value: Expr | None = None
+    """The statement's value as computed here (:func:`_rewrite`: the same value in every case of IEEE
+    arithmetic, with less work per element)."""
 
 
 @dataclass(frozen=True)
@@ -334,7 +346,7 @@ def _reads_own(x: Expr, frame: Frame, row: str, cols: Mapping[str, int],
         if not top or mma_type(frame, x) is None:
             return False
         n_axes = [a for a in axes_of(x.b) if a != x.axis]
-        if n_axes != list(cols) or set(axes_of(x.a)) != {row, x.axis}:
+        if len(n_axes) != 1 or n_axes != list(cols) or set(axes_of(x.a)) != {row, x.axis}:
             return False
         if any(isinstance(n, TileLoad) and n.tensor.name in dims for n in walk_tile_expr(x.b)):
             return False
@@ -462,7 +474,9 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     body = _body(loop)
     assert shape is not None and body is not None
     allocated = set(allocated_at(loop))
-    held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name])
+    initial, values = _rewrite(body, loop.var.name, {n for n in shape.dims if n not in memory and n not in allocated})
+    held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name],
+                      initial.get(name, 0.0))
                  for name, (rd, cd, cols) in shape.dims.items())
     stmts: dict[str, FragmentStmt] = {}
     buffers: list[tuple[str, int]] = []
@@ -470,7 +484,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         row, col = shape.axes[s.block]
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
         if not dots:
-            stmts[s.block] = FragmentStmt(s.block, row, col)
+            stmts[s.block] = FragmentStmt(s.block, row, col, value=values[s.block])
             continue
         e = dots[0]
         here = frame.at(axis_sizes(s))
@@ -496,14 +510,17 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         pair = 2 if ntiles % 2 == 0 else 1
         dot = DotPlan(MMA_SYNC, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1, pair,
                       None, M16N8)
-        stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own)
+        stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block])
     for s in after:
-        loads = [n for x in _exprs(s) for n in walk_tile_expr(x) if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
+        loads = [n for x in _exprs(s) for n in walk_tile_expr(x)
+                 if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
         i = loads[0].index[shape.dims[loads[0].tensor.name][0]]
         assert isinstance(i, Slice)
         col = next((x.axis for x in s.index if isinstance(x, Slice) and x.axis != i.axis), None)
-        stmts[s.block] = FragmentStmt(s.block, i.axis, col)
-    shared = _shared_values(frame, body, shape, fresh)
+        stmts[s.block] = FragmentStmt(s.block, i.axis, col, value=s.value)
+    shared = _shared_values(frame, body, shape, {b: [v, *([m] if m is not None else [])]
+                                                 for b, (v, m) in ((x.block, (values[x.block], x.mask)) for x in body)},
+                            fresh)
     # The next iteration's copies during this one: two buffers per operand; not where a tile is copied at every
     # iteration into a buffer of the loop (kept, or held by another product): those have one.
     sources = [op.source for st in stmts.values() if st.dot is not None for op in (st.dot.a, st.dot.b)
@@ -520,7 +537,66 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
 _CHEAP_CALLS = ("neg", "not", "abs")
 
 
-def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape,
+def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
+             ) -> tuple[dict[str, float], dict[str, Expr]]:
+    """The values of the loop's statements with less work per element, equal in IEEE arithmetic:
+
+    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` lives in registers only
+      and every read of it up to its first write in the body is such a select with the same constant ``c``,
+      is ``T`` itself once ``T``'s registers start at ``c`` (returned by tensor);
+    * ``select(p, x, f·x)`` is ``x · select(p, 1, f)`` (``x·1`` is ``x`` for every ``x``, NaN, ±0 and ±inf
+      included): one product per element, the select per row where ``p`` and ``f`` are.
+    """
+    def first_select(n: Expr, name: str) -> float | None:
+        if (isinstance(n, Select) and isinstance(n.cond, BinOp) and n.cond.op == "=="
+                and isinstance(n.cond.a, Var) and n.cond.a.name == var and isinstance(n.cond.b, Const)
+                and n.cond.b.value == 0 and isinstance(n.true_value, Const) and isinstance(n.false_value, TileLoad)
+                and n.false_value.tensor.name == name and n.false_value.mask is None):
+            return float(n.true_value.value)
+        return None
+
+    initial: dict[str, float] = {}
+    for name in sorted(registers_only):
+        writers = [k for k, s in enumerate(body) if s.tensor.name == name]
+        if not writers:
+            continue
+        constants: set[float] = set()
+        loads = covered = 0
+        for s in body[:writers[0] + 1]:
+            for x in _exprs(s):
+                for n in walk_tile_expr(x):
+                    loads += isinstance(n, TileLoad) and n.tensor.name == name
+                    c = first_select(n, name)
+                    if c is not None:
+                        covered += 1
+                        constants.add(c)
+        if loads and loads == covered and len(constants) == 1:
+            initial[name] = constants.pop()
+
+    def factor(n: Expr) -> Expr | None:
+        if isinstance(n, Select) and n.dtype.is_float:
+            for keep, scaled, first in ((n.true_value, n.false_value, True), (n.false_value, n.true_value, False)):
+                if isinstance(scaled, BinOp) and scaled.op == "*":
+                    for f, other in ((scaled.a, scaled.b), (scaled.b, scaled.a)):
+                        if other == keep:
+                            one = Const(1.0, f.dtype)
+                            choice = Select(n.cond, one, f) if first else Select(n.cond, f, one)
+                            return BinOp("*", map_tile_expr(keep, factor), map_tile_expr(choice, factor))
+        return None
+
+    values: dict[str, Expr] = {}
+    for k, s in enumerate(body):
+        def first(n: Expr, k: int = k) -> Expr | None:
+            for name, c in initial.items():
+                if first_select(n, name) == c and k <= min(j for j, x in enumerate(body) if x.tensor.name == name):
+                    return n.false_value  # type: ignore[attr-defined]
+            return None
+
+        values[s.block] = map_tile_expr(map_tile_expr(s.value, first), factor)
+    return initial, values
+
+
+def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape, exprs: Mapping[str, list[Expr]],
                    fresh: Callable[[str], str]) -> tuple[SharedValue, ...]:
     """The largest costly subexpressions (a math function of the loop's tensors, no reduction or product)
     that two or more statements compute at the same elements (equal once their row and column axes are
@@ -542,7 +618,7 @@ def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape,
             for c in tile_children(x):
                 visit(c)
 
-        for x in _exprs(s):
+        for x in exprs[s.block]:
             visit(x)
         return found
 
@@ -809,9 +885,11 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
         em.overrides[node] = text
         added.append(node)
 
-    added += _load_overrides(em, held, _exprs(s), env)
+    value_expr = st.value if st.value is not None else s.value
+    exprs = [value_expr, *([s.mask] if s.mask is not None else [])]
+    added += _load_overrides(em, held, exprs, env)
     try:
-        for r in _reductions(s):
+        for r in _reductions(exprs):
             name, ct = em.fresh("fr"), em.reduce_type(r)
             em.line(f"{ct} {name}[2];")
             _rows(em, st.row, fl.rows)
@@ -826,7 +904,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             em.close()
             override(r, f"{name}[pf_h]")
         if st.dot is not None:
-            e = next(n for n in walk_tile_expr(s.value) if isinstance(n, Dot))
+            e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = _product(em, fl, st, e, env, arrays, wait)
             total = f"{acc}[pf_nb][pf_q]"
             if not _zero(e.acc):  # (the accumulators started at +0)
@@ -837,13 +915,13 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
         if target is None and fl.rows % STRIP:
             em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
         if st.col is not None:
-            for x in _row_parts(_exprs(s), st.row):
+            for x in _row_parts(exprs, st.row, st.col):
                 name = em.fresh("row")
                 em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
                 override(x, name)
             _cols(em, st.col, em.sizes[st.col])
         if target is not None:
-            value = em.convert(em.scalar(s.value, env), s.value.dtype, dt.f32)
+            value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
             if s.mask is not None:
                 value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
             em.line(f"{target.element} = {value};")
@@ -908,7 +986,7 @@ def _zero(x: Expr) -> bool:
     return isinstance(x, Const) and x.value == 0
 
 
-def _row_parts(exprs: list[Expr], row: str) -> list[Expr]:
+def _row_parts(exprs: list[Expr], row: str, col: str) -> list[Expr]:
     """The largest parts of a statement's value that depend on no axis but its ``row`` (a rolling update's
     rescale factor and conditions, ALiBi's slope) and read a tensor or a reduction or call a math function:
     computed once per row of the thread, before its columns.  Not inside a product or a reduction (their
@@ -918,8 +996,9 @@ def _row_parts(exprs: list[Expr], row: str) -> list[Expr]:
     def visit(x: Expr) -> None:
         if x in found or isinstance(x, (Var, Const, Dot, Reduce)):
             return
-        if set(axes_of(x)) <= {row} and not isinstance(x, TileLoad) and any(
-                _costly(n) for n in walk_tile_expr(x)) and not any(isinstance(n, Dot) for n in walk_tile_expr(x)):
+        nodes = list(walk_tile_expr(x))
+        if (set(axes_of(x)) <= {row, col} and not depends_on(x, col) and not isinstance(x, TileLoad)
+                and any(_costly(n) for n in nodes) and not any(isinstance(n, Dot) for n in nodes)):
             found.append(x)
             return
         for c in tile_children(x):
@@ -936,7 +1015,7 @@ def _costly(n: Expr) -> bool:
             or (isinstance(n, BinOp) and n.op in ("pow", "/", "//", "%")))
 
 
-def _reductions(s: TileStore) -> list[Reduce]:
+def _reductions(exprs: list[Expr]) -> list[Reduce]:
     """The statement's reductions, innermost first, each once (none inside a product)."""
     found: list[Reduce] = []
 
@@ -949,7 +1028,7 @@ def _reductions(s: TileStore) -> list[Reduce]:
         if isinstance(x, Reduce) and x not in found:
             found.append(x)
 
-    for x in _exprs(s):
+    for x in exprs:
         visit(x)
     return found
 
@@ -1014,13 +1093,13 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
     for name, offset in parts:
         em.line(f"uint32_t {name}[{fb.registers}];")
         em.line(f"{fb.instruction}({name}, &{sb}[{offset}{at}]);")
+        for j in range(plan.pair if plan.pair > 1 else 0):  # (one ldmatrix.x4: two tiles' fragments)
+            em.line(f"const uint32_t {name}_{j}[2] = {{{name}[{2 * j}], {name}[{2 * j + 1}]}};")
     products = [("pf_fa", "pf_fb"), *((("pf_fa_lo", "pf_fb"),) if split else ()),
                 *((("pf_fa", "pf_fb_lo"),) if b.split else ())]
     for fa_name, fb_name in products:
         for j in range(plan.pair):
             operand = f"{fb_name}" if plan.pair == 1 else f"{fb_name}_{j}"
-            if plan.pair > 1:
-                em.line(f"const uint32_t {operand}[2] = {{{fb_name}[{2 * j}], {fb_name}[{2 * j + 1}]}};")
             em.line(f"pf::mma_{low}({acc}[pf_nb{f' + {j}' if j else ''}], {fa_name}, {operand});")
     em.close()
     em.close()

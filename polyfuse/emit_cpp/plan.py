@@ -52,7 +52,7 @@ from polyfuse.tiling.htile import (
     Dot, Reduce, Slice, TileLoad, TileProgram, TileStore, axes_of, axis_sizes, depends_on, tile_children,
     walk_tile_expr, walk_tile_stmts,
 )
-from polyfuse.tiling.parallel import allocated_at, unit_loop
+from polyfuse.tiling.parallel import unit_loop
 
 _CHEAP_CALLS = ("neg", "not", "abs")
 
