@@ -290,7 +290,8 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
 
 
 def test_synchronous_staging_copies_through_registers_when_cp_async_is_off():
-    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(async_staging=False, keep_invariant=False)).text
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE),
+                SHARED_PATH.with_options(async_staging=False, keep_invariant=False)).text
     assert "cp_async" not in text
     assert text.count("pf_q = *reinterpret_cast<const uint4*>") == 3
 
