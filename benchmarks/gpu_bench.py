@@ -1,7 +1,7 @@
 """GPU benchmark of the operator catalog: polyfuse's CUDA kernels against PyTorch, in one process.
 
 For each operator and mode at its benchmark sizes (``Operator.presets``; ``--sizes test`` takes
-the small test sizes), on the same inputs (``Operator.inputs``, magnitude 1):
+the small test sizes, ``--sizes sweep`` the prefill preset at each of ``SWEEP_S`` queries = keys), on the same inputs (``Operator.inputs``, magnitude 1):
 
 - polyfuse: the operator's default GPU schedule for the device (``default_schedule(..., target="cuda",
   device=loader("cuda").device_spec())``), built
@@ -52,6 +52,9 @@ TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "
                 "i64": "int64", "bool": "bool", "fp8e4m3": "float8_e4m3fn"}
 NUMPY_VIEWS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn")}
 """ml_dtypes arrays PyTorch cannot take directly: (NumPy view dtype, torch dtype)."""
+SWEEP_S = (1024, 2048, 4096, 8192, 16384)
+"""Sequence lengths of ``--sizes sweep`` (queries = keys): a rule of the code generator is judged on more than
+one shape."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -60,8 +63,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                      epilog="\n".join(__doc__.splitlines()[2:]))
     parser.add_argument("--ops", default="", help="comma-separated operator names (default: the whole catalog)")
     parser.add_argument("--modes", default="", help="comma-separated modes or preset keys, e.g. prefill,decode_b32")
-    parser.add_argument("--sizes", choices=("bench", "test"), default="bench",
-                        help="bench: Operator.presets (model shapes); test: the small test sizes")
+    parser.add_argument("--sizes", choices=("bench", "test", "sweep"), default="bench",
+                        help="bench: Operator.presets (model shapes); test: the small test sizes; sweep: the "
+                             "prefill preset at sequence lengths " + ", ".join(map(str, SWEEP_S)))
     parser.add_argument("--out", default=None, help="output folder (default benchmarks/results/DATE_GPU)")
     parser.add_argument("--loader", choices=("cuda-python", "pycuda"), default=None,
                         help="polyfuse's CUDA driver binding (default: pycuda if installed, else cuda-python)")
@@ -150,6 +154,10 @@ def cases(op: Any, which: str, wanted: set[str]) -> list[tuple[str, str, dict[st
     """(preset key, mode, sizes) of ``op``; a preset key is a mode, optionally with a suffix."""
     if which == "test":
         found = [(m, m, op.sizes(m)) for m in op.modes]
+    elif which == "sweep":
+        preset = op.presets.get("prefill") if "prefill" in op.modes else None
+        found = [] if preset is None else [
+            (f"prefill_s{n}", "prefill", op.sizes("prefill", {**preset, "Sq": n, "Skv": n})) for n in SWEEP_S]
     else:
         found = []
         for key, preset in op.presets.items():
