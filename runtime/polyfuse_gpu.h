@@ -90,6 +90,17 @@ template <> PF_DEV float min<float>(float a, float b) {
 
 PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 
+#if !defined(__HIPCC__)
+// exp(x) as __expf computes it (ex2.approx of x·log2 e: at most 2 + 1.173·|x| ulp off), with results under 2^-126
+// flushed to 0 (.ftz: one MUFU.EX2 instead of a scaled sequence for subnormal results): the code generator's
+// fast_exp, used where every output is a 16-bit float, whose rounding is far coarser.
+PF_DEV float exp_fast(float x) {
+    float r;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x * 1.4426950408889634f));
+    return r;
+}
+#endif
+
 // ---------------------------------------------------------------- bf16
 PF_DEV float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 

@@ -110,7 +110,7 @@ def test_attention_dots_use_tensor_cores(sources, name, mode):
 
 @pytest.mark.parametrize(("name", "mode"), FUSED)
 def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
-    """CUDA's ``__expf`` (option fast_exp) where the outputs are f16/bf16 (attention's tolerance has its term); f32
+    """CUDA's ``pf::exp_fast`` (option fast_exp) where the outputs are f16/bf16 (attention's tolerance has its term); f32
     outputs keep the 2-ulp ``exp`` their tolerances assume, and HIP always does."""
     program = _tiles(name, mode)
     fast = all(t.dtype.is_float and t.dtype.bits == 16 for t in program.outputs)
@@ -118,7 +118,7 @@ def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
         text = sources[(backend, name, mode)].text
         plain = re.search(r"(?<![\w.])exp\(", text) is not None
         expected = (True, False) if fast and backend == "cuda" else (False, plain)
-        assert ("__expf(" in text, plain) == expected, (backend, name, mode)
+        assert ("pf::exp_fast(" in text, plain) == expected, (backend, name, mode)
     assert fast == name.startswith("attn"), name
 
 
@@ -485,7 +485,7 @@ def test_cheap_broadcasts_are_recomputed_not_staged():
     # shared memory behind extra barriers; the costly exp(m_prev - m) is still computed once per row.
     text = emit(_tiles("attn_causal", "prefill", Sq=256, Skv=256, tuning=OLD_TILE), SHARED_PATH).text
     assert "int32_t* pf_" not in _statement(text, "score")
-    assert re.search(r"(exp|__expf)\(", _statement(text, "pv").split("__syncthreads")[0])
+    assert re.search(r"(exp|exp_fast)\(", _statement(text, "pv").split("__syncthreads")[0])
 
 
 def test_gpu_header_converts_16_bit_floats_with_cvt():

@@ -22,7 +22,8 @@ computes what that element needs — reductions and dots included — in registe
 Precision: as the host backend, f16/bf16/fp8 values are computed in float and rounded after
 every operation.  Tensor cores multiply 16-bit operands exactly and accumulate in f32; an f32
 operand of such a dot (attention's P) is split into two 16-bit parts (:mod:`~polyfuse.emit_cpp.mma`),
-so that it keeps the accuracy of the f32 program.  ``exp`` of f32 values is ``__expf`` where every output is a
+so that it keeps the accuracy of the f32 program.  ``exp`` of f32 values is ``pf::exp_fast`` (``__expf``'s
+sequence, flushing results under 2^-126 to 0) where every output is a
 16-bit float (the options' ``fast_exp``: its error stays below such an output's rounding, the
 ``2·Skv·2^-24`` term of :func:`polyfuse.ops.attention.tolerance`); HIP keeps the accurate one.
 """
@@ -56,7 +57,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
     header = "polyfuse_gpu.h"
     math_functions = {"exp": "exp", "log": "log", "sqrt": "sqrt", "tanh": "tanh", "floor": "floor",
                       "ceil": "ceil", "exp2": "exp2", "log2": "log2", "abs": "fabs", "pow": "pow"}
-    fast_exp_function: str | None = "__expf"
+    fast_exp_function: str | None = "pf::exp_fast"
     """The approximate f32 exp of the options' ``fast_exp``; None: always the accurate one."""
 
     def __init__(self, gpu: GpuProgram, target: Target, plan: ProgramPlan):

@@ -69,9 +69,13 @@ if TYPE_CHECKING:
 
 STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
-REGISTER_OVERHEAD = 64
-"""Registers a fragment loop's thread needs beside its tiles and accumulators (:attr:`FragmentLoop.registers`):
-ptxas used 232 for attention prefill at d = 128 (tiles 104, accumulators 64)."""
+CHAINS = 4
+"""Independent partial results a thread keeps when it reduces its columns of a row (a power of two)."""
+REGISTER_OVERHEAD = 24
+"""Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
+(:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
+``__launch_bounds__`` for a second block where the tiles nearly fit, which ptxas then meets by reusing the
+registers of tiles that are dead at different times; a high one would leave the SM half empty."""
 
 
 @dataclass(frozen=True)
@@ -890,17 +894,35 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
     added += _load_overrides(em, held, exprs, env)
     try:
         for r in _reductions(exprs):
+            # The thread's columns in CHAINS independent partials (column tiles in turn), combined in a tree,
+            # then the four lanes of the row by shuffles: short dependency chains.  (A reduction's order is
+            # free: max and min are exact, f32 sums are within the tolerance's term for any order.)
             name, ct = em.fresh("fr"), em.reduce_type(r)
             em.line(f"{ct} {name}[2];")
             _rows(em, st.row, fl.rows)
+            for x in _row_parts([r.tile], st.row, r.axis):
+                part = em.fresh("row")
+                em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {part} = {em.scalar(x, env)};")
+                override(x, part)
             acc = em.fresh("acc")
-            em.line(f"{ct} {acc} = {_REDUCE_INIT[r.op]};")
+            chains = min(CHAINS, 2 * (em.sizes[r.axis] // 8))
+            em.line(f"{ct} {acc}[{chains}];")
+            em.line("#pragma unroll")
+            em.line(f"for (int pf_c = 0; pf_c < {chains}; ++pf_c) {acc}[pf_c] = {_REDUCE_INIT[r.op]};")
             _cols(em, r.axis, em.sizes[r.axis])
-            em.line(f"{acc} = {em.combine(r.op, acc, em.scalar(r.tile, env), ct)};")
+            at = f"{acc}[(pf_nb * 2 + pf_j) % {chains}]"
+            em.line(f"{at} = {em.combine(r.op, at, em.scalar(r.tile, env), ct)};")
             em.close()
             em.close()
-            em.shuffle_combine(r.op, acc, ct, 4)  # the four lanes of the row
-            em.line(f"{name}[pf_h] = {em.reduce_result(r, acc)};")
+            step = chains // 2
+            while step:
+                em.line("#pragma unroll")
+                em.line(f"for (int pf_c = 0; pf_c < {step}; ++pf_c) "
+                        f"{acc}[pf_c] = {em.combine(r.op, f'{acc}[pf_c]', f'{acc}[pf_c + {step}]', ct)};")
+                step //= 2
+            em.line(f"{ct} {acc}_row = {acc}[0];")
+            em.shuffle_combine(r.op, f"{acc}_row", ct, 4)  # the four lanes of the row
+            em.line(f"{name}[pf_h] = {em.reduce_result(r, f'{acc}_row')};")
             em.close()
             override(r, f"{name}[pf_h]")
         if st.dot is not None:

@@ -20,7 +20,8 @@ from polyfuse.errors import PolyfuseError
 class CodegenOptions:
     """Options of the GPU code generator (the host backend ignores them).
 
-    ``fast_exp``: f32 ``exp`` as ``__expf`` in CUDA programs whose outputs are all 16-bit floats (its error,
+    ``fast_exp``: f32 ``exp`` as ``pf::exp_fast`` (``__expf``'s ``ex2.approx`` of ``x·log2 e``, results under
+    2^-126 flushed to 0) in CUDA programs whose outputs are all 16-bit floats (its error,
     at most ``2 + 1.173·|x|`` ulp, stays below such an output's rounding; HIP keeps the accurate one).
     ``warps``: warps of a block kernel where the schedule does not say (``warps`` annotation of a grid
     loop); None takes the device's default.  ``map_threads``: threads of the blocks of a map kernel and of a

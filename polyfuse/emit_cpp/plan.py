@@ -595,7 +595,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     if k.heavy_first is not None:
         lines.append(f"  blocks: {k.heavy_first} decoded slowest, from its last value (the most work first)")
     bounds = f", __launch_bounds__ asks for {k.min_blocks} blocks per SM" if k.min_blocks else ""
-    lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{bounds}"
+    held = "" if not any(lp.fragments for lp in k.loops.values()) else " and registers"
+    lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{held}{bounds}"
                  + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""

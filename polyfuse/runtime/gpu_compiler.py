@@ -12,7 +12,7 @@ As on the host (:mod:`polyfuse.runtime.compiler`), no flag may change a result u
 by default (``-fmad=true``) and clang does for HIP (``-ffp-contract=fast``), so without
 ``fp_contract`` they get ``-fmad=false`` and ``-ffp-contract=off``.  nvcc's other defaults are
 IEEE already (``-ftz=false -prec-div=true -prec-sqrt=true``; no ``-use_fast_math``).  The
-approximate ``__expf`` of 16-bit-output programs is a choice of the CUDA emitter, written in the
+approximate exp (``pf::exp_fast``) of 16-bit-output programs is a choice of the CUDA emitter, written in the
 source (the ``fast_exp`` option of :class:`polyfuse.emit_cpp.options.CodegenOptions`), not a flag.
 """
 
