@@ -110,8 +110,8 @@ def test_attention_dots_use_tensor_cores(sources, name, mode):
 
 @pytest.mark.parametrize(("name", "mode"), FUSED)
 def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
-    """CUDA's ``pf::exp_fast`` (option fast_exp) where the outputs are f16/bf16 (attention's tolerance has its term); f32
-    outputs keep the 2-ulp ``exp`` their tolerances assume, and HIP always does."""
+    """CUDA's ``pf::exp_fast`` (option fast_exp) where the outputs are f16/bf16 (attention's tolerance has its
+    term); f32 outputs keep the 2-ulp ``exp`` their tolerances assume, and HIP always does."""
     program = _tiles(name, mode)
     fast = all(t.dtype.is_float and t.dtype.bits == 16 for t in program.outputs)
     for backend in ("cuda", "hip"):
@@ -120,6 +120,24 @@ def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
         expected = (True, False) if fast and backend == "cuda" else (False, plain)
         assert ("pf::exp_fast(" in text, plain) == expected, (backend, name, mode)
     assert fast == name.startswith("attn"), name
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("options", [
+    {"prefetch": False}, {"prefetch": False, "keep_invariant": False}, {"prefetch": False, "async_staging": False},
+    {"async_staging": False}, {"round_operands": False}])
+def test_fragment_loop_variants_compile(options):
+    # The loop in warp fragments under each option that changes how it stages its operands or rounds P:
+    # copies at the top of each iteration (one wait per product), the query tile staged per iteration,
+    # staging through registers, P split hi + lo.  (The GPU tests run them against the default.)
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    source = emit(_tiles("attn_causal", "prefill", Sq=128, Skv=128), CUDA.with_options(**options))
+    assert "in warp fragments" in source.text
+    assert ("pf::cp_async_wait<1>" in source.text) == (options.get("prefetch") is False
+                                                       and options.get("async_staging") is not False)
+    compile_gpu(source.text, "fragments_" + "_".join(options), "cuda", source.target.arch, options=WERROR,
+                compile_only=True)
 
 
 def test_pv_product_rounds_p_once_by_default_and_splits_it_on_request():

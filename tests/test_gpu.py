@@ -93,10 +93,12 @@ _MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
 def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuning):
     # The key loop in warp fragments (emit_cpp/fragments.py), P rounded once (default) or split hi + lo, against
     # NumPy at every magnitude and every input variant; split, it also matches the shared-memory path within
-    # the f32 terms of the tolerance.  The 40-row tile has a ragged last strip (3 warps, 8 padding rows).
+    # the f32 terms of the tolerance; without prefetch it gives the same bits.  The 40-row tile has a ragged last
+    # strip (3 warps, 8 padding rows).
     op, sizes, once = _kernel(name, "prefill", tuning=tuning, **sizes)
     _, _, split = _kernel(name, "prefill", codegen=CodegenOptions(round_operands=False), tuning=tuning, **sizes)
     _, _, shared = _kernel(name, "prefill", codegen=CodegenOptions(fragment_loops=False), tuning=tuning, **sizes)
+    _, _, unpiped = _kernel(name, "prefill", codegen=CodegenOptions(prefetch=False), tuning=tuning, **sizes)
     assert "in warp fragments" in once.kernel_source.text and "pf_fa_lo" in split.kernel_source.text
     assert "in warp fragments" not in shared.kernel_source.text
     tolerance = op.tolerance("prefill", sizes)
@@ -105,6 +107,8 @@ def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuni
             inputs = op.inputs(6, "prefill", sizes, magnitude, variant)
             reference = op.reference(inputs, "prefill", sizes)
             a, b, c = once.run(inputs), split.run(inputs), shared.run(inputs)
+            for key, value in unpiped.run(inputs).items():  # (copies at each iteration's top: the same sums)
+                assert np.array_equal(value, a[key], equal_nan=True), f"{variant}: prefetch changed {key}"
             for got in (a, b):
                 result = ops.compare(got, reference, tolerance)
                 assert result.ok, f"{variant} at magnitude {magnitude:g}: {result.line()} worst {result.worst}"

@@ -40,6 +40,7 @@ then has ``rows / 16`` warps (:func:`warps_for`), and only where the rows are at
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -796,6 +797,23 @@ def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode:
     loop, kept tiles too; ``next``: the next iteration's) or (``read``) only the arrays this iteration's
     products read.  Returns each memory operand's array by (block, role)."""
     arrays: dict[tuple[str, str], str] = {}
+    for st, role, op, low in _memory_operands(em, fl, body):
+        if op.source == "kept":
+            assert op.buffer is not None
+            arrays[(st.block, role)] = op.buffer
+            if mode == "first":
+                copy_async(em, op.staged, low, op.buffer)
+            continue
+        arr = _buffer(fl, st.buffers[role], var)
+        arrays[(st.block, role)] = arr
+        if mode != "read":
+            _stage(em, op, low, arr)
+    return arrays
+
+
+def _memory_operands(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]):
+    """(statement plan, role, operand plan, 16-bit type) of every product operand that comes from memory, in
+    order, with the emitter's axis sizes set to its statement's."""
     for s in body:
         st = fl.stmts[s.block]
         if st.dot is None:
@@ -805,19 +823,8 @@ def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode:
         assert low is not None
         for role, op in (("a", st.dot.a), ("b", st.dot.b)):
             assert op is not None
-            if op.source == "registers":
-                continue
-            if op.source == "kept":
-                assert op.buffer is not None
-                arrays[(s.block, role)] = op.buffer
-                if mode == "first":
-                    copy_async(em, op.staged, low, op.buffer)
-                continue
-            arr = _buffer(fl, st.buffers[role], var)
-            arrays[(s.block, role)] = arr
-            if mode != "read":
-                _stage(em, op, low, arr)
-    return arrays
+            if op.source != "registers":
+                yield st, role, op, low
 
 
 def _stage(em: CudaEmitter, op: OperandPlan, low: DType, arr: str) -> None:
@@ -839,18 +846,9 @@ def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
     safe)."""
     arrays: dict[tuple[str, str], str] = {}
     groups: list[tuple[str, int]] = []
-    for s in body:
-        st = fl.stmts[s.block]
-        if st.dot is None:
-            continue
-        em.sizes = axis_sizes(s)
-        low = st.dot.low
-        assert low is not None
+    for block, operands in itertools.groupby(_memory_operands(em, fl, body), key=lambda x: x[0].block):
         count, own_async = 0, False
-        for role, op in (("a", st.dot.a), ("b", st.dot.b)):
-            assert op is not None
-            if op.source == "registers":
-                continue
+        for st, role, op, low in operands:
             if op.source in ("kept", "held"):
                 arr = em.fresh(f"t{role}")
                 consume(em, op, low, arr)  # (a kept tile commits its own group)
@@ -859,11 +857,11 @@ def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
                 arr = st.buffers[role]
                 _stage(em, op, low, arr)
                 own_async = own_async or op.source == "cp.async"
-            arrays[(s.block, role)] = arr
+            arrays[(block, role)] = arr
         if own_async:
             em.line("pf::cp_async_commit();")
             count += 1
-        groups.append((s.block, count))
+        groups.append((block, count))
     waits: dict[str, int] = {}
     later = 0
     for block, count in reversed(groups):
