@@ -1,7 +1,8 @@
 """GPU benchmark of the operator catalog: polyfuse's CUDA kernels against PyTorch, in one process.
 
 For each operator and mode at its benchmark sizes (``Operator.presets``; ``--sizes test`` takes
-the small test sizes, ``--sizes sweep`` the prefill preset at each of ``SWEEP_S`` queries = keys), on the same inputs (``Operator.inputs``, magnitude 1):
+the small test sizes, ``--sizes sweep`` the prefill preset at each of ``SWEEP_S`` queries = keys), on
+the same inputs (``Operator.inputs``, magnitude 1):
 
 - polyfuse: the operator's default GPU schedule for the device (``default_schedule(..., target="cuda",
   device=loader("cuda").device_spec())``), built
