@@ -291,3 +291,58 @@ def test_ldmatrix_addresses_give_the_mma_fragments(role, pair, trans):
                 n, kk = (inner, outer) if trans else (outer, inner)
                 which, half = (i // 2, i % 2) if pair > 1 else (0, i)
                 assert (n, kk) == ((tile + which) * 8 + g, k + 2 * q + j + 8 * half), (t, i, j)
+
+
+def test_mask_free_condition_holds_only_where_no_element_is_masked():
+    # The fast path of a statement in warp fragments is taken where its guard holds: checked against every
+    # element of the tile for causal, windowed and ragged conditions, at many loop values.
+    from polyfuse.emit_cpp.fragments import _uniform
+    from polyfuse.ir.expr import BinOp, Call, Const, Var
+    from polyfuse.tiling.htile import Broadcast, Iota
+
+    i32 = dt.i32
+    j, i = Var("j_0", i32), Var("i_0", i32)
+    row = Broadcast(Iota("r", 16), (("r", 16), ("c", 8)))
+    col = Broadcast(Iota("c", 8), (("r", 16), ("c", 8)))
+
+    def lin(k, v, extra):
+        return BinOp("+", BinOp("*", Const(k, i32), v), extra)
+
+    causal = BinOp(">", lin(8, j, col), lin(16, i, row))             # key > query: masked
+    window = Call("not", (BinOp("<", BinOp("-", lin(16, i, row), lin(8, j, col)), Const(20, i32)),))
+    ragged = BinOp("<", lin(8, j, col), Const(37, i32))               # key < 37: live
+    both = BinOp("or", causal, window)
+    for cond, truth in ((causal, False), (causal, True), (window, False), (ragged, True), (both, False)):
+        guard = _uniform(cond, truth, {"r": 16, "c": 8})
+        assert guard is not None
+        for jv, iv in itertools.product(range(12), range(6)):
+            env = {"j_0": jv, "i_0": iv}
+            if not _evaluate(guard, env):
+                continue
+            for r, c in itertools.product(range(16), range(8)):
+                assert _evaluate(cond, {**env, "r": r, "c": c}) == truth, (cond, jv, iv, r, c)
+    _, plan = gpu_plan(_tiles("attn_causal", "prefill", Sq=512, Skv=512), CUDA)
+    (f,) = _fragments(plan.kernels[0])
+    assert f.stmts["score"].unmasked is not None and f.stmts["pv"].unmasked is None
+    assert "if ((((((64) * j_0) + (63)) + ((-128) * i_0)) <= (0))) {" in emit(
+        _tiles("attn_causal", "prefill", Sq=512, Skv=512), CUDA).text
+
+
+def _evaluate(e, env):
+    """A scalar or tile index expression at integer values (``env``: variables and tile axes by name)."""
+    from polyfuse.ir.expr import Call, Const, Var
+    from polyfuse.tiling.htile import Broadcast, Iota
+
+    if isinstance(e, Const):
+        return e.value
+    if isinstance(e, Var):
+        return env[e.name]
+    if isinstance(e, Iota):
+        return env[e.axis]
+    if isinstance(e, Broadcast):
+        return _evaluate(e.tile, env)
+    if isinstance(e, Call) and e.fn == "not":
+        return not _evaluate(e.args[0], env)
+    a, b = _evaluate(e.a, env), _evaluate(e.b, env)
+    return {"+": a + b, "-": a - b, "*": a * b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b,
+            "and": a and b, "or": a or b}[e.op]

@@ -54,12 +54,14 @@ from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, sta
 from polyfuse.emit_cpp.stream import consume
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
+from polyfuse.errors import NonAffineIndex
+from polyfuse.ir.affine import from_linear_form, linear_form
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, depends_on,
+    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, depends_on,
     map_tile_expr, tile_children, walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
@@ -130,6 +132,10 @@ class FragmentStmt:
     value: Expr | None = None
     """The statement's value as computed here (:func:`_rewrite`: the same value in every case of IEEE
     arithmetic, with less work per element)."""
+    unmasked: tuple[Expr, Expr] | None = None
+    """(condition, value): where the scalar condition holds at an iteration, every mask of the value (a select
+    with a constant on one side: causal or window masks, ragged edges) takes its other side at every element of
+    the tile, and the value is computed without them (:func:`_mask_free`)."""
 
 
 @dataclass(frozen=True)
@@ -489,7 +495,8 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         row, col = shape.axes[s.block]
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
         if not dots:
-            stmts[s.block] = FragmentStmt(s.block, row, col, value=values[s.block])
+            stmts[s.block] = FragmentStmt(s.block, row, col, value=values[s.block],
+                                          unmasked=_mask_free(values[s.block], axis_sizes(s)) if col else None)
             continue
         e = dots[0]
         here = frame.at(axis_sizes(s))
@@ -515,7 +522,8 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         pair = 2 if ntiles % 2 == 0 else 1
         dot = DotPlan(MMA_SYNC, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1, pair,
                       None, M16N8)
-        stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block])
+        stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
+                                      _mask_free(values[s.block], axis_sizes(s)))
     for s in after:
         loads = [n for x in _exprs(s) for n in walk_tile_expr(x)
                  if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
@@ -540,6 +548,102 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
 
 
 _CHEAP_CALLS = ("neg", "not", "abs")
+
+
+def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | None:
+    """``value`` with its masks resolved, and the scalar condition (of the loop and grid variables) under which
+    that is ``value`` at every element of the tile; None where it has no mask whose condition is an affine
+    comparison of the tile's axes.  A mask is a select with a constant on one side; it resolves to the other
+    side, the live value.  The condition is exact arithmetic on the comparison's extremes over the tile
+    (:func:`_uniform`), so the fast path is taken only where it is the program."""
+    guards: list[Expr] = []
+
+    def resolve(n: Expr) -> Expr | None:
+        if isinstance(n, (Reduce, Dot)):
+            return n  # (computed before the elements: left as they are)
+        if not isinstance(n, Select):
+            return None
+        constant = [_zero_or_constant(n.true_value), _zero_or_constant(n.false_value)]
+        if constant[0] == constant[1]:
+            return None
+        live_if = not constant[0]  # the live side is taken where the condition is live_if
+        guard = _uniform(n.cond, live_if, sizes)
+        if guard is None:
+            return None
+        guards.append(guard)
+        return map_tile_expr(n.true_value if live_if else n.false_value, resolve)
+
+    fast = map_tile_expr(value, resolve)
+    if not guards:
+        return None
+    condition = guards[0]
+    for g in guards[1:]:
+        condition = BinOp("and", condition, g)
+    return condition, fast
+
+
+def _zero_or_constant(x: Expr) -> bool:
+    while isinstance(x, (Broadcast, Permute)):
+        x = x.tile
+    return isinstance(x, Const)
+
+
+_FLIP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
+
+
+def _uniform(cond: Expr, truth: bool, sizes: Mapping[str, int]) -> Expr | None:
+    """A scalar condition under which ``cond`` is ``truth`` at every element of the tile (tile axes of
+    ``sizes``), or None: comparisons of affine integer expressions of the tile axes and scalars, under ``and``,
+    ``or`` and ``not``."""
+    if isinstance(cond, Broadcast):
+        return _uniform(cond.tile, truth, sizes)
+    if isinstance(cond, Call) and cond.fn == "not":
+        return _uniform(cond.args[0], not truth, sizes)
+    if isinstance(cond, BinOp) and cond.op in ("and", "or"):
+        a, b = _uniform(cond.a, truth, sizes), _uniform(cond.b, truth, sizes)
+        if (cond.op == "and") == truth:  # all parts must be so
+            return None if a is None or b is None else BinOp("and", a, b)
+        return a if b is None else b if a is None else BinOp("or", a, b)
+    if not (isinstance(cond, BinOp) and cond.op in _FLIP):
+        return None
+    op = cond.op if truth else _FLIP[cond.op]
+    difference = _scalar(BinOp("-", cond.a, cond.b))
+    if difference is None:
+        return None
+    try:
+        form = linear_form(difference)
+    except NonAffineIndex:
+        return None
+    # d = lhs - rhs must satisfy ``d op 0`` at every element: at its smallest over the tile for > and >=, at its
+    # largest for < and <=.
+    smallest = op in (">", ">=")
+    bound: dict = {}
+    for atom, c in form.items():
+        if isinstance(atom, str) and atom.startswith("pf_axis_"):
+            size = sizes[atom[len("pf_axis_"):]]
+            if (c < 0) == smallest:
+                bound[1] = bound.get(1, 0) + c * (size - 1)
+        elif not isinstance(atom, str) and atom != 1:
+            return None  # a floor or modulo atom of the axes: no simple extreme
+        else:
+            bound[atom] = bound.get(atom, 0) + c
+    bound = {k: v for k, v in bound.items() if v}
+    return BinOp(op, from_linear_form(bound, difference.dtype), Const(0, difference.dtype))
+
+
+def _scalar(x: Expr) -> Expr | None:
+    """``x`` (integer index arithmetic of tile axes) as a scalar expression, tile axis ``a`` the variable
+    ``pf_axis_a``; None where it reads a tensor or is not integer arithmetic."""
+    if isinstance(x, (Broadcast, Permute)):
+        return _scalar(x.tile)
+    if isinstance(x, Iota):
+        return Var(f"pf_axis_{x.axis}", x.dtype)
+    if isinstance(x, (Var, Const)):
+        return x if x.dtype.is_int else None
+    if isinstance(x, BinOp) and x.op in ("+", "-", "*") and x.dtype.is_int:
+        a, b = _scalar(x.a), _scalar(x.b)
+        return None if a is None or b is None else BinOp(x.op, a, b)
+    return None
 
 
 def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
@@ -930,33 +1034,55 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             if not _zero(e.acc):  # (the accumulators started at +0)
                 total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
             override(e, total)
-        target = held.get(s.tensor.name)
-        _rows(em, st.row, fl.rows)
-        if target is None and fl.rows % STRIP:
-            em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
-        if st.col is not None:
-            for x in _row_parts(exprs, st.row, st.col):
-                name = em.fresh("row")
-                em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
-                override(x, name)
-            _cols(em, st.col, em.sizes[st.col])
-        if target is not None:
-            value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
-            if s.mask is not None:
-                value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
-            em.line(f"{target.element} = {value};")
-        else:
-            em.assign(s, env)
-        if st.col is not None:
+        if st.unmasked is not None:
+            # Where no element of this iteration's tile is masked (the main part of a causal or windowed
+            # loop, a tile away from a ragged edge), the elements are computed without the masks.
+            em.open(f"if ({em.scalar(st.unmasked[0], {})})")
+            _elements(em, fl, held, s, st, st.unmasked[1], env)
             em.close()
+            em.open("else")
+        _elements(em, fl, held, s, st, value_expr, env)
+        if st.unmasked is not None:
             em.close()
-        if target is None and fl.rows % STRIP:
-            em.close()
-        em.close()
     finally:
         for node in added:
             em.overrides.pop(node, None)
     em.close()
+
+
+def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore, st: FragmentStmt,
+              value_expr: Expr, env: dict[str, str]) -> None:
+    """The elementwise pass of statement ``s``: ``value_expr`` at every element the thread holds, into its
+    registers or (the epilogue) into memory for the real rows."""
+    target = held.get(s.tensor.name)
+    _rows(em, st.row, fl.rows)
+    if target is None and fl.rows % STRIP:
+        em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
+    parts: list[Expr] = []
+    if st.col is not None:
+        exprs = [value_expr, *([s.mask] if s.mask is not None else [])]
+        for x in _row_parts(exprs, st.row, st.col):
+            name = em.fresh("row")
+            em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
+            if x not in em.overrides:
+                em.overrides[x] = name
+                parts.append(x)
+        _cols(em, st.col, em.sizes[st.col])
+    if target is not None:
+        value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
+        if s.mask is not None:
+            value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
+        em.line(f"{target.element} = {value};")
+    else:
+        em.assign(s, env)
+    if st.col is not None:
+        em.close()
+        em.close()
+    if target is None and fl.rows % STRIP:
+        em.close()
+    em.close()
+    for x in parts:  # (their variables are out of scope now)
+        del em.overrides[x]
 
 
 def _shared_value(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], v: SharedValue) -> None:
