@@ -650,9 +650,9 @@ def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
              ) -> tuple[dict[str, float], dict[str, Expr]]:
     """The values of the loop's statements with less work per element, equal in IEEE arithmetic:
 
-    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` lives in registers only
-      and every read of it up to its first write in the body is such a select with the same constant ``c``,
-      is ``T`` itself once ``T``'s registers start at ``c`` (returned by tensor);
+    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` lives in registers only,
+      its first write in the body is unmasked and every read of it up to that write is such a select with the
+      same constant ``c``, is ``T`` itself once ``T``'s registers start at ``c`` (returned by tensor);
     * ``select(p, x, f·x)`` is ``x · select(p, 1, f)`` (``x·1`` is ``x`` for every ``x``, NaN, ±0 and ±inf
       included): one product per element, the select per row where ``p`` and ``f`` are.
     """
@@ -667,8 +667,8 @@ def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
     initial: dict[str, float] = {}
     for name in sorted(registers_only):
         writers = [k for k, s in enumerate(body) if s.tensor.name == name]
-        if not writers:
-            continue
+        if not writers or body[writers[0]].mask is not None:
+            continue  # (a masked first write would leave the initial value where the program has its own)
         constants: set[float] = set()
         loads = covered = 0
         for s in body[:writers[0] + 1]:
