@@ -16,25 +16,37 @@ where **each warp owns whole rows of every tile of the loop**, nothing needs to 
   ``a`` operand, where computed from registers (``P``), is evaluated per element and packed in pairs straight
   into the A fragment, rounded once to the other operand's 16-bit type (the options' ``round_operands``;
   off: split hi + lo and multiplied twice, as the shared-memory path does);
-* operands that come from memory (``Q``, ``K``, ``V``) are staged as before (kept tiles, cp.async), all of
-  an iteration's copies issued at its top so that ``V`` arrives while ``S`` and the softmax are computed;
-  one barrier before each product's reads, one at the top of the iteration (the buffers are reused).
+* operands that come from memory (``Q``, ``K``, ``V``) are staged as before (kept tiles, cp.async), the next
+  iteration's copied while this one computes (two buffers each, one barrier per iteration; the options'
+  ``prefetch``; off: all of an iteration's copies issued at its top, one wait and barrier per product).
+
+Less work per element, each rewrite equal to the program in IEEE arithmetic or inside an existing term of the
+tolerance: a costly value that several statements compute at the same elements (``exp(score − max)`` in ``P``
+and in the row sum) is computed once (:class:`SharedValue`); parts of a value that depend only on the row are
+computed once per row; ``select(p, x, f·x)`` is ``x·select(p, 1, f)``; a rolling update's first-iteration
+select is the registers' initial value (:func:`_rewrite`); and where a scalar guard proves that no element of an
+iteration's tile is masked, a statement is computed without its masks (:func:`_mask_free`: the main part of a
+causal or windowed loop).
 
 A masked store keeps the register's old value where its mask is false, so the semantics are the tile
 program's; the tiles the loop allocates per iteration start at zero at each iteration (their values at
 masked-out elements are undefined in the program, and no unmasked read reaches them).  The tiles that outlive
-the loop (``O``, the statistics) are read from memory before it and written back after it.
+the loop are read from memory before it and written back after it where another statement reads them
+(:func:`in_memory`); the statements right after the loop that read them element by element (attention's
+``out``) are computed from the registers instead (:func:`epilogue`), so that O and the statistics need no
+shared memory at all.
 
 A loop qualifies (:func:`plan`) where its body is tile statements only, each writing an f32 temporary at one
 index that does not move with the loop, every statement having one *row* axis (a product's ``m``, or the axis
 that indexes a row tensor's row dimension) and at most one *column* axis; every read of a loop tensor is of
 the element the statement computes (the same row, and the statement's column, a reduction's axis or a
-product's ``k``); row axes have ``16 × warps`` elements and columns multiples of 16; every product is a
-tensor-core one over (row, column), ``b`` from memory; and at least one product's ``a`` is computed from the
-loop's registers (a loop with only products of memory operands — a GEMM's k loop — keeps the register
-accumulators of :mod:`~polyfuse.emit_cpp.registers`, which spread one output tile over all warps).  The kernel
-then has ``rows / 16`` warps (:func:`warps_for`), and only where the rows are at least the options'
-``fragment_min_rows``: decode's few query rows are better spread over the key columns by all warps.
+product's ``k``); columns are multiples of 16 (rows are padded to a warp's 16: the padding rows compute copies
+of the last row and are never written); every product is a tensor-core one over (row, column), ``b`` from
+memory; and at least one product's ``a`` is computed from the loop's registers (a loop with only products of
+memory operands — a GEMM's k loop — keeps the register accumulators of :mod:`~polyfuse.emit_cpp.registers`,
+which spread one output tile over all warps).  The kernel then has ``rows / 16`` warps (:func:`warps_for`), and
+only where the rows are at least the options' ``fragment_min_rows``: decode's few query rows are better spread
+over the key columns by all warps.
 """
 
 from __future__ import annotations
