@@ -227,3 +227,24 @@ def _blocks_of(stmt):
     from polyfuse.transforms.tree import blocks_under
 
     return blocks_under(stmt)
+
+
+def test_a_fusion_is_found_by_its_consumer_block():
+    # Recipes fuse in their own order (attention's first fusion is the row max, without a repair): the record
+    # of a block's fusion is looked up by the block's name; a block that was not fused is a clear error.
+    from ir_programs import softmax_sum
+
+    from polyfuse.errors import IllegalTransform
+    from polyfuse.transforms import Schedule
+
+    sch = Schedule(softmax_sum())
+    sch.rolling_update("s_sum", sch.loop("s_max", "j"))
+    assert str(sch.fusion("s_sum").repair.describe()["h"]) == "t*exp(xmax - xmax')"
+    op = ops.get("attn_causal")
+    attention = default_schedule("attn_causal", "prefill", op.program("prefill", **op.sizes("prefill")))
+    assert attention.fusions[0].consumer == "row_max" and attention.fusions[0].repair is None
+    assert attention.fusion("pv").repair is not None and attention.fusion("row_sum").consumer == "row_sum"
+    with pytest.raises(IllegalTransform, match=r"block 'score' was not fused .* fused blocks: row_max, row_sum, pv"):
+        attention.fusion("score")
+    with pytest.raises(IllegalTransform, match="fused blocks: none yet"):
+        Schedule(softmax_sum()).fusion("s_sum")

@@ -392,6 +392,19 @@ class Schedule:
         """The reduction fusions applied so far (:class:`~polyfuse.transforms.fusion_common.Fusion` records)."""
         return list(self._fusions)
 
+    def fusion(self, block: str):
+        """The reduction fusion whose consumer is ``block`` (the latest, if it was fused more than once), as a
+        :class:`~polyfuse.transforms.fusion_common.Fusion` record: its repair, the dependences it broke, the
+        blocks it inlined or created.  Found by name, because the order of :attr:`fusions` depends on the
+        recipe (attention's first fusion is the row max, which needs no repair).  IllegalTransform names the
+        blocks that were fused where ``block`` was not."""
+        found = [f for f in self._fusions if f.consumer == block]
+        if found:
+            return found[-1]
+        fused = ", ".join(dict.fromkeys(f.consumer for f in self._fusions)) or "none yet"
+        raise IllegalTransform(f"sch.fusion: block {block!r} was not fused by rolling_update or split_k_update in "
+                               f"this schedule; fused blocks: {fused}")
+
 
 def _one_block(primitive: str, loops: Sequence[LoopRef]) -> str:
     """The block of the first of ``loops``: a non-empty sequence of loop handles."""
@@ -411,7 +424,7 @@ def _listed(primitive: str, what: str, values: Any) -> list:
 
 # Public methods of Schedule that are not schedule primitives (everything else records a step).
 _NOT_PRIMITIVES = frozenset({"get_block", "get_loops", "loop", "replay", "exec_python", "program", "original", "trace",
-                             "fusions"})
+                             "fusions", "fusion"})
 
 
 def _is_primitive(name: str) -> bool:
