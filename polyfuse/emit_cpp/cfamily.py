@@ -420,6 +420,10 @@ def flat(axes: tuple[str, ...], sizes: dict[str, int], env: dict[str, str]) -> s
     return text
 
 
+CHEAP_CALLS = ("neg", "not", "abs")
+"""Math functions cheaper to recompute per element than to compute once and share."""
+
+
 def worth_hoisting(e: Expr) -> bool:
     """Whether computing ``e`` once per element of its own axes saves work (it is not a leaf)."""
     return isinstance(e, (BinOp, Call, Select, Cast))

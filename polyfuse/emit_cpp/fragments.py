@@ -58,7 +58,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, CHEAP_CALLS, axis_var
+from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.dotplan import (
     LOW, M16N8, MMA_SYNC, DotPlan, Frame, LdmatrixFragment, OperandPlan, Staged, mma_type, staging,
 )
@@ -223,12 +224,13 @@ def _exprs(s: TileStore) -> list[Expr]:
 
 
 def _shape(index: tuple[Index, ...], unit: Mapping[str, Expr]) -> tuple:
-    """An access index with its slices' axis names left out and the grid loops of one iteration at 0 (two
-    accesses of one tile compare equal)."""
-    def text(x: Expr) -> str:
-        return str(simplify(substitute(x, unit)))
+    """:func:`~polyfuse.emit_cpp.resident.tile_shape` of ``index`` with the grid loops of one iteration at 0
+    (``b`` and 0 index the same tile)."""
+    def at(x: Expr) -> Expr:
+        return simplify(substitute(x, unit))
 
-    return tuple(("slice", text(i.start), i.size) if isinstance(i, Slice) else ("at", text(i)) for i in index)
+    return tile_shape(tuple(dataclasses.replace(i, start=at(i.start)) if isinstance(i, Slice) else at(i)
+                            for i in index))
 
 
 def _mentions(x: Expr, name: str) -> bool:
@@ -559,7 +561,6 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                         shared)
 
 
-_CHEAP_CALLS = ("neg", "not", "abs")
 
 
 def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | None:
@@ -575,7 +576,7 @@ def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | Non
             return n  # (computed before the elements: left as they are)
         if not isinstance(n, Select):
             return None
-        constant = [_zero_or_constant(n.true_value), _zero_or_constant(n.false_value)]
+        constant = [_constant(n.true_value) is not None, _constant(n.false_value) is not None]
         if constant[0] == constant[1]:
             return None
         live_if = not constant[0]  # the live side is taken where the condition is live_if
@@ -594,10 +595,11 @@ def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | Non
     return condition, fast
 
 
-def _zero_or_constant(x: Expr) -> bool:
+def _constant(x: Expr) -> Const | None:
+    """The constant ``x`` is (possibly broadcast or permuted), else None."""
     while isinstance(x, (Broadcast, Permute)):
         x = x.tile
-    return isinstance(x, Const)
+    return x if isinstance(x, Const) else None
 
 
 _FLIP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
@@ -730,7 +732,7 @@ def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape, exp
         def visit(x: Expr) -> None:
             nodes = list(walk_tile_expr(x))
             axes = axes_of(x)
-            if (any(isinstance(n, Call) and n.fn not in _CHEAP_CALLS for n in nodes)
+            if (any(isinstance(n, Call) and n.fn not in CHEAP_CALLS for n in nodes)
                     and any(isinstance(n, TileLoad) and n.tensor.name in shape.dims for n in nodes)
                     and not any(isinstance(n, (Reduce, Dot, Squeeze)) for n in nodes)
                     and row in axes and len(axes) <= 2):
@@ -1043,7 +1045,8 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = _product(em, fl, st, e, env, arrays, wait)
             total = f"{acc}[pf_nb][pf_q]"
-            if not _zero(e.acc):  # (the accumulators started at +0)
+            zero = _constant(e.acc)
+            if zero is None or zero.value != 0:  # (the accumulators started at +0)
                 total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
             override(e, total)
         if st.unmasked is not None:
@@ -1137,13 +1140,6 @@ def _load_overrides(em: CudaEmitter, held: Mapping[str, Held], exprs: list[Expr]
     return added
 
 
-def _zero(x: Expr) -> bool:
-    """Whether ``x`` is the constant 0 (possibly broadcast or permuted)."""
-    while isinstance(x, (Broadcast, Permute)):
-        x = x.tile
-    return isinstance(x, Const) and x.value == 0
-
-
 def _row_parts(exprs: list[Expr], row: str, col: str) -> list[Expr]:
     """The largest parts of a statement's value that depend on no axis but its ``row`` (a rolling update's
     rescale factor and conditions, ALiBi's slope) and read a tensor or a reduction or call a math function:
@@ -1169,7 +1165,7 @@ def _row_parts(exprs: list[Expr], row: str, col: str) -> list[Expr]:
 
 def _costly(n: Expr) -> bool:
     """A node worth computing once where it can: a read, a reduction, a math function, a power or division."""
-    return (isinstance(n, (TileLoad, Reduce)) or (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
+    return (isinstance(n, (TileLoad, Reduce)) or (isinstance(n, Call) and n.fn not in CHEAP_CALLS)
             or (isinstance(n, BinOp) and n.op in ("pow", "/", "//", "%")))
 
 
@@ -1262,8 +1258,3 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
     em.close()
     em.close()
     return acc
-
-
-def shared_bytes(fl: FragmentLoop) -> int:
-    """Bytes of the loop's own staging buffers."""
-    return sum(math.ceil(n / 16) * 16 for _, n in fl.buffers)

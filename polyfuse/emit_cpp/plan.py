@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
-    COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel, walk_unmaterialized,
-    worth_hoisting,
+    CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
+    walk_unmaterialized, worth_hoisting,
 )
 from polyfuse.emit_cpp.dotplan import (
     BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, Frame, OperandPlan, Staged, dot_pitch, few_outputs,
@@ -53,8 +53,6 @@ from polyfuse.tiling.htile import (
     walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.parallel import unit_loop
-
-_CHEAP_CALLS = ("neg", "not", "abs")
 
 
 @dataclass(frozen=True)
@@ -537,7 +535,7 @@ def _hoisting(per_row: tuple[Expr, set, tuple[str, ...]] | None) -> Callable[[Ex
         if per_row is not None and _per_row(e, *per_row):
             return False
         return worth_hoisting(e) and any(
-            (isinstance(n, Call) and n.fn not in _CHEAP_CALLS)
+            (isinstance(n, Call) and n.fn not in CHEAP_CALLS)
             or (isinstance(n, BinOp) and n.op in ("/", "//", "%", "pow") and (n.dtype.is_float or axes_of(n)))
             for n in walk_tile_expr(e))
     return hoist

@@ -60,7 +60,7 @@ class Resident:
         return text or "0"
 
 
-def _shape(index: tuple[Index, ...]) -> tuple:
+def tile_shape(index: tuple[Index, ...]) -> tuple:
     """An access index with its slices' axis names left out (two accesses of one tile compare equal)."""
     return tuple(("slice", i.start, i.size) if isinstance(i, Slice) else ("at", i) for i in index)
 
@@ -94,8 +94,8 @@ def plan(frame: Frame, loop: Loop, registers: set[str], fresh: Callable[[str], s
                 or any(x.mask is not None for x in found)
                 or any(isinstance(x, TileStore) and x.reducer for x in found)):
             continue
-        first = _shape(found[0].index)
-        if any(_shape(x.index) != first for x in found[1:]):
+        first = tile_shape(found[0].index)
+        if any(tile_shape(x.index) != first for x in found[1:]):
             continue
         if any(isinstance(n, Var) and n.name == loop.var.name
                for i in found[0].index for n in walk_tile_expr(i.start if isinstance(i, Slice) else i)):
