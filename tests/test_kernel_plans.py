@@ -208,6 +208,8 @@ def test_options_are_checked_and_printed():
         CodegenOptions(warps=64)
     with pytest.raises(PolyfuseError, match="element_unroll"):
         CodegenOptions(element_unroll=0)
+    with pytest.raises(PolyfuseError, match="reduce_chains must be a power of two"):
+        CodegenOptions(reduce_chains=3)
     text = emit(_tiles("softmax", "default"), CUDA.with_options(row_groups=False)).text
     assert "// options: fast_exp=on warps=auto" in text and "row_groups=off" in text
     assert "// device: sm_90a (nvidia, preset): 132 SMs" in text

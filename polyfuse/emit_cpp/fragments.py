@@ -85,8 +85,6 @@ if TYPE_CHECKING:
 
 STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
-CHAINS = 4
-"""Independent partial results a thread keeps when it reduces its columns of a row (a power of two)."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
@@ -179,10 +177,18 @@ class FragmentLoop:
     held: tuple[Held, ...]
     stmts: Mapping[str, FragmentStmt]
     buffers: tuple[tuple[str, int], ...]
-    round_once: bool
+    chains: int
+    """Independent partial results a thread keeps when it reduces its columns of a row (the options'
+    ``reduce_chains``)."""
     epilogue: tuple[TileStore, ...] = ()
     prefetch: bool = False
     shared: tuple[SharedValue, ...] = ()
+
+    @property
+    def round_once(self) -> bool:
+        """Whether the f32 operands its products take from registers are rounded once (not split hi + lo)."""
+        return not any(st.dot.a.staged.split for st in self.stmts.values()
+                       if st.dot is not None and st.dot.a is not None and st.dot.a.source == "registers")
 
     @property
     def registers(self) -> int:
@@ -557,7 +563,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     prefetch = frame.options.prefetch and bool(buffers) and not every and "held" not in sources
     if prefetch:
         buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
-    return FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.round_operands, after, prefetch,
+    return FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
                         shared)
 
 
@@ -1010,7 +1016,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
     added += _load_overrides(em, held, exprs, env)
     try:
         for r in _reductions(exprs):
-            # The thread's columns in CHAINS independent partials (column tiles in turn), combined in a tree,
+            # The thread's columns in fl.chains independent partials (column tiles in turn), combined in a tree,
             # then the four lanes of the row by shuffles: short dependency chains.  (A reduction's order is
             # free: max and min are exact, f32 sums are within the tolerance's term for any order.)
             name, ct = em.fresh("fr"), em.reduce_type(r)
@@ -1021,7 +1027,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
                 em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {part} = {em.scalar(x, env)};")
                 override(x, part)
             acc = em.fresh("acc")
-            chains = min(CHAINS, 2 * (em.sizes[r.axis] // 8))
+            chains = min(fl.chains, 2 * (em.sizes[r.axis] // 8))
             em.line(f"{ct} {acc}[{chains}];")
             em.line("#pragma unroll")
             em.line(f"for (int pf_c = 0; pf_c < {chains}; ++pf_c) {acc}[pf_c] = {_REDUCE_INIT[r.op]};")

@@ -49,7 +49,9 @@ class CodegenOptions:
     operand computed in registers (attention's P) is rounded once to the product's 16-bit type, as
     FlashAttention, cuDNN and FlexAttention do (the error term is in the operators' tolerance notes); off: split
     hi + lo and multiplied twice (about 22 significant bits instead of 11).  ``prefetch``: such a loop copies
-    the next iteration's operand tiles while it computes this one (two buffers each).
+    the next iteration's operand tiles while it computes this one (two buffers each).  ``reduce_chains``: such a
+    loop's thread reduces its columns of a row into this many independent partials (a power of two), combined
+    in a tree: shorter dependency chains.
     """
 
     fast_exp: bool = True
@@ -76,6 +78,7 @@ class CodegenOptions:
     fragment_min_rows: int = 32
     round_operands: bool = True
     prefetch: bool = True
+    reduce_chains: int = 4
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -84,6 +87,8 @@ class CodegenOptions:
                 continue
             if not isinstance(value, int) or value < 1:
                 raise PolyfuseError(f"CodegenOptions.{f.name} must be a positive integer, got {value!r}")
+        if self.reduce_chains & (self.reduce_chains - 1):
+            raise PolyfuseError(f"CodegenOptions.reduce_chains must be a power of two, got {self.reduce_chains}")
         if self.warps is not None and self.warps > 32:
             raise PolyfuseError(f"CodegenOptions.warps is {self.warps}; a block has at most 32 warps (1024 threads)")
 
