@@ -147,6 +147,9 @@ class FragmentStmt:
     """(condition, value): where the scalar condition holds at an iteration, every mask of the value (a select
     with a constant on one side: causal or window masks, ragged edges) takes its other side at every element of
     the tile, and the value is computed without them (:func:`_mask_free`)."""
+    row_parts: Mapping[Expr, tuple[Expr, ...]] = dataclasses.field(default_factory=dict)
+    """For the value, the unmasked value and each reduction's tile: their parts computed once per row of the
+    thread (:func:`_row_parts`)."""
 
 
 @dataclass(frozen=True)
@@ -544,13 +547,15 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                       None, M16N8)
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
                                       _mask_free(values[s.block], axis_sizes(s)))
+    masks = {s.block: s.mask for s in body}
+    stmts = {block: _with_row_parts(st, masks[block]) for block, st in stmts.items()}
     for s in after:
         loads = [n for x in _exprs(s) for n in walk_tile_expr(x)
                  if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
         i = loads[0].index[shape.dims[loads[0].tensor.name][0]]
         assert isinstance(i, Slice)
         col = next((x.axis for x in s.index if isinstance(x, Slice) and x.axis != i.axis), None)
-        stmts[s.block] = FragmentStmt(s.block, i.axis, col, value=s.value)
+        stmts[s.block] = _with_row_parts(FragmentStmt(s.block, i.axis, col, value=s.value), s.mask)
     shared = _shared_values(frame, body, shape, {b: [v, *([m] if m is not None else [])]
                                                  for b, (v, m) in ((x.block, (values[x.block], x.mask)) for x in body)},
                             fresh)
@@ -664,6 +669,19 @@ def _scalar(x: Expr) -> Expr | None:
         a, b = _scalar(x.a), _scalar(x.b)
         return None if a is None or b is None else BinOp(x.op, a, b)
     return None
+
+
+def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:
+    """``st`` with its :attr:`~FragmentStmt.row_parts` planned."""
+    masks = [mask] if mask is not None else []
+    assert st.value is not None
+    parts: dict[Expr, tuple[Expr, ...]] = {}
+    if st.col is not None:
+        for value in (st.value, *([st.unmasked[1]] if st.unmasked is not None else [])):
+            parts[value] = tuple(_row_parts([value, *masks], st.row, st.col))
+    for r in _reductions([st.value, *masks]):
+        parts[r.tile] = tuple(_row_parts([r.tile], st.row, r.axis))
+    return dataclasses.replace(st, row_parts=parts)
 
 
 def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
@@ -1022,7 +1040,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             name, ct = em.fresh("fr"), em.reduce_type(r)
             em.line(f"{ct} {name}[2];")
             _rows(em, st.row, fl.rows)
-            for x in _row_parts([r.tile], st.row, r.axis):
+            for x in st.row_parts[r.tile]:
                 part = em.fresh("row")
                 em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {part} = {em.scalar(x, env)};")
                 override(x, part)
@@ -1081,8 +1099,7 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
         em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
     parts: list[Expr] = []
     if st.col is not None:
-        exprs = [value_expr, *([s.mask] if s.mask is not None else [])]
-        for x in _row_parts(exprs, st.row, st.col):
+        for x in st.row_parts[value_expr]:
             name = em.fresh("row")
             em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
             if x not in em.overrides:
