@@ -247,6 +247,11 @@ PF_DEV void mma_bf16(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
 // byte offset 1024 >> 4 (from one 8-row atom to the next), swizzle mode 1 (128 B) at bits 62-63; the k16
 // step s of the tile starts 32 bytes further (+2 in the descriptor).
 PF_DEV int swizzle128(int row, int byte) { return row * 128 + ((((byte >> 4) ^ row) & 7) << 4) + (byte & 15); }
+// A 16-bit tile [outer][inner] (inner a multiple of 64) as panels of 64 columns, each panel [outer][64] swizzled
+// as above and outer * 128 bytes long: the element offset of (o, i).
+PF_DEV int swizzled_at(int o, int i, int outer) {
+    return (i >> 6) * outer * 64 + o * 64 + ((((i >> 3) ^ o) & 7) << 3) + (i & 7);
+}
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 PF_DEV uint64_t wgmma_desc_k128(const void* tile) {
     return (uint64_t((smem_addr(tile) & 0x3FFFF) >> 4)) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32)
@@ -288,23 +293,45 @@ PF_DEV void tma_load_2d(void* dst, const void* tensor_map, int x, int y, uint64_
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
 }
-PF_DEV void wgmma_m64n64k16_f16(float (&d)[32], uint64_t da, uint64_t db, bool accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "%32, %33, p, 1, 1, 0, 0;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(da), "l"(db), "r"(accumulate ? 1 : 0));
-}
-// d (+)= a * b over k16 with a from registers (the "RS" form: P of attention never touches shared memory): a's
-// 64x16 fragment in four registers of two f16 each, as mma.m16n8k16's A per warp (warp w: rows 16w + l/4 (+8),
-// k 2(l%4) (+1) (+8)); b 16x64 N-major (rows of 64 n, 128-byte swizzled, 8-row atoms 1024 bytes apart: the value
-// tile [key][dv] of attention), descriptor db with the transpose bit; a k16 step is 2048 bytes further (+128).
+// The accumulators of one wgmma (32 f32 per thread) as a flat float[32], or as 8 consecutive 8-column tiles
+// [8C .. 8C + 7] of a fragment array float[NT][4] (the m16n8 accumulator layout: tile i, register q).
+PF_DEV float& acc_at(float (&d)[32], int i) { return d[i]; }
+template <int NT> PF_DEV float& acc_at(float (&d)[NT][4], int i) { return d[i / 4][i % 4]; }
+#define PF_ACC4(d, i) "+f"(pf::acc_at(d, i)), "+f"(pf::acc_at(d, i + 1)), "+f"(pf::acc_at(d, i + 2)), \
+    "+f"(pf::acc_at(d, i + 3))
+#define PF_ACC32(d, i) PF_ACC4(d, i), PF_ACC4(d, i + 4), PF_ACC4(d, i + 8), PF_ACC4(d, i + 12), PF_ACC4(d, i + 16), \
+    PF_ACC4(d, i + 20), PF_ACC4(d, i + 24), PF_ACC4(d, i + 28)
+#define PF_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+// d (+)= a * b over k16 for a warpgroup, 64 x 64 f32 accumulators (tiles 8C.. of d), operands of TYPE:
+//   SS form (wgmma_m64n64k16_TYPE): a 64x16 K-major at descriptor da, b from descriptor db;
+//   RS form (..._rs): a from registers, four of two 16-bit values each, as mma.m16n8k16's A per warp (warp w:
+//   rows 16w + l/4 (+8), k 2(l%4) (+1) (+8)) -- attention's P never touches shared memory.
+// b is K-major (the n rows of b^T, rows of 64 k: the next k16 step +2 in the descriptor) with TB = 0, or N-major
+// with TB = 1 (rows of 64 n, 128-byte swizzled, 8-row atoms 1024 bytes apart: attention's value tile [key][dv];
+// the next k16 step 2048 bytes further, +128).  accumulate = false starts from zero.
+#define PF_WGMMA_M64N64K16(NAME, TYPE)                                                                          \
+    template <int TB = 0, int C = 0, typename D>                                                                 \
+    PF_DEV void NAME(D& d, uint64_t da, uint64_t db, bool accumulate) {                                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                               \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                    \
+                     "%32, %33, p, 1, 1, 0, %35;\n}\n"                                                            \
+                     : PF_ACC32(d, 32 * C) : "l"(da), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));             \
+    }                                                                                                            \
+    template <int TB = 0, int C = 0, typename D>                                                                 \
+    PF_DEV void NAME##_rs(D& d, const uint32_t (&a)[4], uint64_t db, bool accumulate) {                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                               \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                    \
+                     "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                            \
+                     : PF_ACC32(d, 32 * C)                                                                       \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));  \
+    }
+PF_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
+PF_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
+#undef PF_WGMMA_M64N64K16
+#undef PF_D32
+#undef PF_ACC32
+#undef PF_ACC4
 // The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
 // 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
 // rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half).  S is a constant: the registers
@@ -313,19 +340,6 @@ template <int S> PF_DEV void accumulators_as_a_f16(uint32_t (&a)[4], const float
 #pragma unroll
     for (int q = 0; q < 4; ++q)
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
-}
-PF_DEV void wgmma_m64n64k16_f16_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db, bool accumulate) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
-                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
-                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
-                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
-                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate ? 1 : 0));
 }
 #endif
 

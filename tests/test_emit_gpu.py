@@ -123,20 +123,23 @@ def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
 
 
 @pytest.mark.nvcc
+@pytest.mark.parametrize("width", [16, 64])
 @pytest.mark.parametrize("options", [
     {"prefetch": False}, {"prefetch": False, "keep_invariant": False}, {"prefetch": False, "async_staging": False},
     {"async_staging": False}, {"round_operands": False}])
-def test_fragment_loop_variants_compile(options):
+def test_fragment_loop_variants_compile(options, width):
     # The loop in warp fragments under each option that changes how it stages its operands or rounds P:
     # copies at the top of each iteration (one wait per product), the query tile staged per iteration,
-    # staging through registers, P split hi + lo.  (The GPU tests run them against the default.)
+    # staging through registers, P split hi + lo.  (The GPU tests run them against the default.)  With heads
+    # 64 wide, as warpgroup products on sm_90a (P split hi + lo: mma.sync).
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc on PATH")
-    source = emit(_tiles("attn_causal", "prefill", Sq=128, Skv=128), CUDA.with_options(**options))
+    source = emit(_tiles("attn_causal", "prefill", Sq=128, Skv=128, D=width, Dv=width), CUDA.with_options(**options))
     assert "in warp fragments" in source.text
+    assert ("pf::wgmma_fence" in source.text) == (width == 64 and "round_operands" not in options)
     assert ("pf::cp_async_wait<1>" in source.text) == (options.get("prefetch") is False
                                                        and options.get("async_staging") is not False)
-    compile_gpu(source.text, "fragments_" + "_".join(options), "cuda", source.target.arch, options=WERROR,
+    compile_gpu(source.text, f"fragments_{width}_" + "_".join(options), "cuda", source.target.arch, options=WERROR,
                 compile_only=True)
 
 

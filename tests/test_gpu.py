@@ -7,6 +7,8 @@ installed, are used in place (zero-copy) and the outputs come back as tensors.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -114,6 +116,41 @@ def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuni
                 assert result.ok, f"{variant} at magnitude {magnitude:g}: {result.line()} worst {result.worst}"
             result = ops.compare(b, c, tolerance)
             assert result.ok, f"{variant} at magnitude {magnitude:g}: split against shared {result.line()}"
+
+
+@pytest.mark.parametrize(("name", "sizes", "options"), [
+    ("attn_causal", {"Sq": 200, "Skv": 200, "D": 128, "Dv": 128}, None),
+    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(prefetch=False)),
+    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(async_staging=False)),
+    ("attn_global", {"Sq": 130, "Skv": 190, "D": 64, "Dv": 128}, None),
+    ("attn_gqa", {"Sq": 96, "Skv": 96, "D": 128, "Dv": 64}, None),
+    ("attn_alibi", {"Sq": 100, "Skv": 100, "D": 64, "Dv": 64}, None),
+    ("attn_softcap", {"Sq": 70, "Skv": 150, "D": 64, "Dv": 64}, None),
+    ("attn_window", {"Sq": 200, "Skv": 200, "D": 64, "Dv": 64, "W": 70}, None),
+    ("attn_norm_inside", {"Sq": 96, "Skv": 160, "D": 64, "Dv": 64}, None)])
+def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options):
+    # Heads 64 or 128 wide on sm_90a: the loop in warp fragments multiplies with wgmma (swizzled operand panels,
+    # P from registers): against NumPy at every magnitude and input variant, and against the same loop on
+    # mma.sync within the tolerance (both round P once; the products sum in another order).  Ragged sizes,
+    # masks and both staging variants included.
+    op, sizes, wg = _kernel(name, "prefill", codegen=options, **sizes)
+    if not wg.kernel_source.target.device.wgmma:
+        pytest.skip(f"wgmma needs sm_90a; the device is {wg.kernel_source.target.arch}")
+    base = options or CodegenOptions()
+    _, _, sync = _kernel(name, "prefill", codegen=dataclasses.replace(base, warpgroup_products=False), **sizes)
+    assert "pf::wgmma_m64n64k16_f16_rs<1, 0>" in wg.kernel_source.text
+    assert "wgmma" not in sync.kernel_source.text.split("__global__", 1)[1]
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
+            inputs = op.inputs(7, "prefill", sizes, magnitude, variant)
+            reference = op.reference(inputs, "prefill", sizes)
+            a, b = wg.run(inputs), sync.run(inputs)
+            for got, which in ((a, "wgmma"), (b, "mma.sync")):
+                result = ops.compare(got, reference, tolerance)
+                assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+            result = ops.compare(a, b, tolerance)
+            assert result.ok, f"{variant} at magnitude {magnitude:g}: wgmma against mma.sync {result.line()}"
 
 
 _NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False)

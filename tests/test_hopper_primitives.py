@@ -127,7 +127,7 @@ extern "C" __global__ void __launch_bounds__(128) rs_probe(const uint16_t* __res
     for (int r = 0; r < 32; ++r) d[r] = 0.0f;
     pf::wgmma_fence();
 #pragma unroll
-    for (int s = 0; s < 4; ++s) pf::wgmma_m64n64k16_f16_rs(d, a[s], pf::wgmma_desc_k128(sv) + 128 * s, s > 0);
+    for (int s = 0; s < 4; ++s) pf::wgmma_m64n64k16_f16_rs<1>(d, a[s], pf::wgmma_desc_k128(sv) + 128 * s, s > 0);
     pf::wgmma_commit();
     pf::wgmma_wait<0>();
 #pragma unroll
@@ -177,7 +177,7 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
     pf::accumulators_as_a_f16<3>(p[3], s);
     pf::wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 4; ++j) pf::wgmma_m64n64k16_f16_rs(o, p[j], pf::wgmma_desc_k128(sv) + 128 * j, j > 0);
+    for (int j = 0; j < 4; ++j) pf::wgmma_m64n64k16_f16_rs<1>(o, p[j], pf::wgmma_desc_k128(sv) + 128 * j, j > 0);
     pf::wgmma_commit();
     pf::wgmma_wait<0>();
 #pragma unroll
@@ -188,6 +188,65 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
 #endif
 }
 """
+
+
+PANEL_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// The layout and the call forms the code generator composes (emit_cpp/fragments.py): a (64 x 128) and b (128 x
+// 128), row-major, k fastest, staged K-major in panels of 64 columns (pf::swizzled_at); d = a · bᵀ into the
+// fragment array float[16][4] by chunks of 64 columns (template C), both operands from shared memory (SS), and
+// again with a's fragments from registers and a K-major b (RS, TB = 0).  c[t * 64 + r] = register r of thread t
+// (d), then e's at 128 * 64 + t * 64 + r.  LOW: the 16-bit type (f16 or bf16), replaced before compiling.
+extern "C" __global__ void __launch_bounds__(128) panel_probe(const uint16_t* __restrict__ a,
+                                                             const uint16_t* __restrict__ b, float* __restrict__ c)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sa = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sb = sa + 64 * 128;
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 128; e += 128) sa[pf::swizzled_at(e / 128, e % 128, 64)] = a[e];
+    for (int e = t; e < 128 * 128; e += 128) sb[pf::swizzled_at(e / 128, e % 128, 128)] = b[e];
+    __syncthreads();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pf::fence_async_shared();
+    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
+    uint32_t f[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int at = (row + 8 * (q % 2)) * 128 + 16 * s + col + 8 * (q / 2);
+            f[s][q] = static_cast<uint32_t>(a[at]) | (static_cast<uint32_t>(a[at + 1]) << 16);
+        }
+    float d[16][4] = {}, e[16][4] = {};
+    pf::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const int k = (s / 4) * 64 * 64 + (s % 4) * 16;  // panel of k step s, 32 bytes per step within it
+        const uint64_t da = pf::wgmma_desc_k128(sa + k);
+        const int kb = (s / 4) * 128 * 64 + (s % 4) * 16;
+        pf::wgmma_m64n64k16_LOW<0, 0>(d, da, pf::wgmma_desc_k128(sb + kb), s > 0);
+        pf::wgmma_m64n64k16_LOW<0, 1>(d, da, pf::wgmma_desc_k128(sb + kb + 64 * 64), s > 0);
+        pf::wgmma_m64n64k16_LOW_rs<0, 0>(e, f[s], pf::wgmma_desc_k128(sb + kb), s > 0);
+        pf::wgmma_m64n64k16_LOW_rs<0, 1>(e, f[s], pf::wgmma_desc_k128(sb + kb + 64 * 64), s > 0);
+    }
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 64; ++r) {
+        c[t * 64 + r] = d[r / 4][r % 4];
+        c[128 * 64 + t * 64 + r] = e[r / 4][r % 4];
+    }
+#endif
+}
+"""
+
+PANEL_TYPES = ("f16", "bf16")
+
+
+def _panel_kernel(low: str) -> str:
+    return PANEL_KERNEL.replace("_LOW", f"_{low}")
 
 
 PIPELINE_KERNEL = r"""
@@ -322,7 +381,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_probe(const uint16_t
         pf::accumulators_as_a_f16<3>(p[3], s);
         pf::wgmma_fence();
 #pragma unroll
-        for (int c = 0; c < 4; ++c) pf::wgmma_m64n64k16_f16_rs(o, p[c], pf::wgmma_desc_k128(sv) + 128 * c, true);
+        for (int c = 0; c < 4; ++c) pf::wgmma_m64n64k16_f16_rs<1>(o, p[c], pf::wgmma_desc_k128(sv) + 128 * c, true);
         pf::wgmma_commit();
         pf::wgmma_wait<0>();
         __syncthreads();  // every warp is done with this tile before the next one overwrites it
@@ -357,14 +416,14 @@ def _upload(driver, *arrays):
 
 
 def _product(raw: np.ndarray, a: np.ndarray, b: np.ndarray) -> None:
-    """The warpgroup's registers mapped back by WarpgroupFragment equal a · bᵀ within f32 accumulation."""
-    layout = WarpgroupFragment(64)
-    c = np.full((64, 64), np.nan)
+    """The warpgroup's registers mapped back by WarpgroupFragment equal a · bᵀ (64 × n) within f32 accumulation."""
+    layout = WarpgroupFragment(b.shape[0])
+    c = np.full((64, b.shape[0]), np.nan)
     for t, r in itertools.product(range(128), range(layout.registers)):
-        c[layout.element(t, r)] = raw[t * 32 + r]
+        c[layout.element(t, r)] = raw[t * layout.registers + r]
     exact = a.astype(np.float64) @ b.astype(np.float64).T
-    # Products of f16 values are exact in f32; 64 additions in f32 round each partial sum by at most 2^-24.
-    bound = 64 * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T) + 2.0 ** -126
+    # Products of 16-bit values are exact in f32; k additions in f32 round each partial sum by at most 2^-24.
+    bound = a.shape[1] * 2.0 ** -24 * (np.abs(a.astype(np.float64)) @ np.abs(b.astype(np.float64)).T) + 2.0 ** -126
     assert np.all(np.abs(c - exact) <= bound), float(np.max(np.abs(c - exact) - bound))
 
 
@@ -394,8 +453,9 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL, ATTENTION_KERNEL],
-                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention"])
+@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL, ATTENTION_KERNEL,
+                                    *map(_panel_kernel, PANEL_TYPES)],
+                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention", *PANEL_TYPES])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -414,6 +474,30 @@ def test_wgmma_m64n64k16_matches_numpy():
     driver.synchronize()
     driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
     _product(raw, a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("low", PANEL_TYPES)
+def test_swizzled_panels_and_chunked_accumulators_match_numpy(low):
+    """Operands of two 64-column panels (pf::swizzled_at), two 64-column chunks of one float[16][4] accumulator
+    array, the SS form and the RS form with a K-major b, in f16 and bf16: each equals a · bᵀ."""
+    import ml_dtypes
+
+    driver = _sm90_driver()
+    numpy_type = np.float16 if low == "f16" else ml_dtypes.bfloat16
+    image = compile_gpu(_panel_kernel(low), f"panel_probe_{low}", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    shared = (64 + 128) * 128 * 2
+    function = driver.function(driver.load(image.read_bytes()), "panel_probe", shared)
+    rng = np.random.default_rng(6)
+    a = rng.standard_normal((64, 128)).astype(numpy_type)
+    b = rng.standard_normal((128, 128)).astype(numpy_type)
+    raw = np.zeros(2 * 128 * 64, np.float32)
+    pointers, _owners = _upload(driver, a, b, raw)
+    driver.launch(function, 1, 128, shared, pointers, [])
+    driver.synchronize()
+    driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
+    _product(raw[:128 * 64], a, b)
+    _product(raw[128 * 64:], a, b)
 
 
 @pytest.mark.gpu

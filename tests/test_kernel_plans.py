@@ -15,7 +15,9 @@ import pytest
 from polyfuse import ops
 from polyfuse.device import PRESETS, preset
 from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan
-from polyfuse.emit_cpp.dotplan import BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, LdmatrixFragment
+from polyfuse.emit_cpp.dotplan import (
+    BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PANEL, PER_OUTPUT, WGMMA, DotPlan, LdmatrixFragment,
+)
 from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.emit_cpp.plan import ProgramPlan
@@ -76,7 +78,7 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
         if k.min_blocks is not None:
             assert 1 < k.min_blocks == k.blocks_per_sm <= CodegenOptions().min_blocks
     for d in _dots(plan):
-        assert d.instruction in (MMA_SYNC, FMA, BLOCK_REDUCE, PER_OUTPUT)
+        assert d.instruction in (MMA_SYNC, FMA, BLOCK_REDUCE, PER_OUTPUT)  # (wgmma needs wider tiles)
         if d.instruction != MMA_SYNC:
             continue
         assert d.low in (dt.f16, dt.bf16) and d.fragment == M16N8
@@ -143,6 +145,54 @@ def test_fragment_loops_need_rows_for_two_warps_and_a_chained_product():
     assert "(pf_m < 40 ? pf_m : 39)" in text and "if (pf_m < 40)" in text
 
 
+PREFILL = [n for n in ops.names() if "prefill" in ops.get(n).modes and has_default_schedule(n, "prefill")]
+
+
+@pytest.mark.parametrize("name", PREFILL)
+def test_prefill_products_are_warpgroup_products_on_hopper(name):
+    # At the bench sizes every attention prefill loop in warp fragments multiplies with wgmma on sm_90a: both
+    # products per warpgroup of 64 rows, b (and a memory a) staged in 128-byte-swizzled panels of 64 columns,
+    # P from registers rounded once, buffers 1024-byte aligned; on sm_80, or with the option off, mma.sync.
+    tiles = _tiles(name, "prefill", **ops.get(name).presets["prefill"])
+    _, plan = gpu_plan(tiles, CUDA)
+    (f,) = _fragments(plan.kernels[0])
+    assert f.warpgroups and f.rows % 64 == 0 and plan.kernels[0].threads == f.rows // 16 * 32
+    loop = next(lp for lp in plan.kernels[0].loops.values() if lp.fragments is f)
+    assert all(offset % 1024 == 0 for offset in loop.offsets.values())
+    for st in f.stmts.values():
+        if st.dot is None:
+            continue
+        d = st.dot
+        assert d.instruction == WGMMA and d.b.staged.swizzled and d.b.staged.rows_pad % PANEL == 0
+        assert d.b.source in ("cp.async", "kept", "raw", "converted")
+        if d.a.source == "registers":
+            assert not d.a.staged.split
+        else:
+            assert d.a.staged.swizzled and not d.a.staged.trans and d.a.staged.rows_pad == f.rows
+    assert "wgmma.m64n64k16 (f16 operands), one per warpgroup" in str(plan)
+    text = emit(tiles, CUDA).text
+    assert "pf::wgmma_m64n64k16_f16_rs<1, 0>" in text and "__align__(1024)" in text
+    for target in (Target("cuda", PRESETS["sm_80"]), CUDA.with_options(warpgroup_products=False)):
+        _, other = gpu_plan(tiles, target)
+        assert {d.instruction for d in _dots(other)} == {MMA_SYNC}
+        assert all(not d.a.staged.swizzled and not d.b.staged.swizzled for d in _dots(other))
+
+
+def test_warpgroup_products_need_whole_warpgroups_and_panels():
+    # the test sizes (D = 16: no 64-column panel) and a ragged 40-row tile stay on mma.sync on sm_90a
+    for tiles in (_tiles("attn_causal", "prefill", Sq=256, Skv=256), _ragged_tiles()):
+        _, plan = gpu_plan(tiles, CUDA)
+        (f,) = _fragments(plan.kernels[0])
+        assert not f.warpgroups and {d.instruction for d in _dots(plan)} == {MMA_SYNC}
+    # 64-wide panels but 40 rows: no whole warpgroup
+    op = ops.get("attn_causal")
+    sizes = {**op.sizes("prefill"), "Sq": 40, "Skv": 40, "D": 64, "Dv": 64}
+    sch = default_schedule("attn_causal", "prefill", op.program("prefill", **sizes), target="cuda",
+                           tuning=GpuTuning(prefill_min_rows=40))
+    _, plan = gpu_plan(to_tiles(sch.program), CUDA)
+    assert {d.instruction for d in _dots(plan)} == {MMA_SYNC}
+
+
 def _ragged_tiles():
     """Causal prefill of 40 queries in one tile of 40 rows (not a multiple of a warp's 16)."""
     op = ops.get("attn_causal")
@@ -155,10 +205,12 @@ def _ragged_tiles():
 def test_plans_follow_the_device():
     # The same program on sm_80 and sm_90a: the same dots, other occupancy (164 KB against 228 KB per SM);
     # HIP (gfx90a, wavefronts of 64) has no mma.sync: every dot is an FMA or a reduction, 4 wavefronts a block.
+    # (at the bench sizes the loop's products are warpgroup products on sm_90a, mma.sync on sm_80)
     tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
     _, h100 = gpu_plan(tiles, CUDA)
     _, a100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_80"]))
-    assert [d.describe() for d in _dots(h100)] == [d.describe() for d in _dots(a100)]
+    assert [(d.m, d.n, d.k, d.low) for d in _dots(h100)] == [(d.m, d.n, d.k, d.low) for d in _dots(a100)]
+    assert {d.instruction for d in _dots(h100)} == {WGMMA} and {d.instruction for d in _dots(a100)} == {MMA_SYNC}
     # (occupancy on the shared-memory path: in warp fragments the registers bound it on both)
     options = CodegenOptions(fragment_loops=False)
     small = _tiles("attn_causal", "prefill", Sq=256, Skv=256)

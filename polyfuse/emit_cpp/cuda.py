@@ -36,6 +36,7 @@ from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, st
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
+from polyfuse.emit_cpp.dotplan import SWIZZLE_ALIGN
 from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
 from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of
@@ -190,16 +191,17 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         return text
 
     # ------------------------------------------------------------ shared-memory scratch
-    def take(self, nbytes: int) -> int:
-        """Byte offset of ``nbytes`` of per-statement scratch (16-byte aligned)."""
-        offset = self.scratch
+    def take(self, nbytes: int, align: int = 16) -> int:
+        """Byte offset of ``nbytes`` of per-statement scratch (``align``-byte aligned)."""
+        offset = -(-self.scratch // align) * align
         self.scratch = offset + align16(nbytes)
         self.peak = max(self.peak, self.scratch)
         return offset
 
-    def shared_array(self, ctype: str, name: str, nbytes: int, planned: int | None = None) -> None:
-        """Declare ``name``: the next ``nbytes`` of shared memory (at byte ``planned``, where the plan placed it)."""
-        offset = self.take(nbytes)
+    def shared_array(self, ctype: str, name: str, nbytes: int, planned: int | None = None, align: int = 16) -> None:
+        """Declare ``name``: the next ``nbytes`` of shared memory (``align``-byte aligned; at byte ``planned``,
+        where the plan placed it)."""
+        offset = self.take(nbytes, align)
         if planned is not None and planned != offset:
             raise InternalError(f"shared array {name}: planned at byte {planned}, printed at {offset}")
         self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(pf_smem + {offset});")
@@ -487,7 +489,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.line("}")
             self.line("")
             return Launch(name, blocks, self.threads, 0)
-        self.line("extern __shared__ __align__(16) unsigned char pf_smem[];")
+        swizzled = any(lp.fragments is not None and lp.fragments.warpgroups for lp in plan.loops.values())
+        self.line(f"extern __shared__ __align__({SWIZZLE_ALIGN if swizzled else 16}) unsigned char pf_smem[];")
         self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)

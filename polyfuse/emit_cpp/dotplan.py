@@ -49,6 +49,11 @@ REDUCE_LANES = 8
 block reduction instead of staging its operands for per-output FMA loops."""
 
 MMA_SYNC = "mma.sync.m16n8k16"
+WGMMA = "wgmma.m64n64k16"
+PANEL = 64
+"""16-bit elements of one 128-byte swizzled row: a swizzled operand lies in panels this many columns wide."""
+SWIZZLE_ALIGN = 1024
+"""Byte alignment of a swizzled operand tile in shared memory (its 8-row atoms)."""
 FMA = "fma"
 BLOCK_REDUCE = "block reduce"
 PER_OUTPUT = "per-output loop"
@@ -70,6 +75,10 @@ class Frame:
     shared_names: frozenset[str] = frozenset()
     presplit: Mapping[str, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
     unit_vars: tuple[Var, ...] = ()
+    wgmma: bool = False
+    """The device has warpgroup products (sm_90a) and the options allow them."""
+    swizzle: bool = False
+    """The operands staged here lie in 128-byte-swizzled panels (:class:`Staged`), for warpgroup products."""
 
     def at(self, sizes: Mapping[str, int]) -> Frame:
         return dataclasses.replace(self, sizes=dict(sizes))
@@ -158,7 +167,9 @@ class Staged:
     """How one operand of a tensor-core dot lies in shared memory: ``[k][rows]`` if ``trans``, else
     ``[rows][k]``, zero-padded to ``rows_pad`` × ``kp``, rows ``stride`` elements apart (the padding of 8
     elements puts the eight rows one ``ldmatrix`` reads in different banks); a split operand's lo part
-    follows its hi part, ``size`` elements later.
+    follows its hi part, ``size`` elements later.  A ``swizzled`` operand (for ``wgmma``, which reads shared
+    memory through descriptors) has no padding: its ``inner`` extent is cut into panels of ``PANEL`` columns,
+    each ``[outer_pad][64]`` with the 16-byte chunks of row ``r`` permuted by ``r % 8`` (``pf::swizzled_at``).
 
     Staging writes ``outer × inner`` elements.  ``[rows][k]`` operands skip their padding rows: row ``r``
     of a product depends on row ``r`` of ``a`` (column of ``b``) only, and the epilogue drops padding
@@ -177,6 +188,7 @@ class Staged:
     k: str
     kk: int
     kp: int
+    swizzled: bool = False
 
     @property
     def outer(self) -> int:
@@ -187,13 +199,26 @@ class Staged:
         return self.rows_pad if self.trans else self.kp
 
     @property
+    def outer_pad(self) -> int:
+        """Rows of the staged array (its outer extent with padding)."""
+        return self.kp if self.trans else self.rows_pad
+
+    @property
     def nbytes(self) -> int:
         """Bytes of its staging array (both parts of a split operand)."""
         return self.size * 2 * (2 if self.split else 1)
 
+    def at(self, outer: str, inner: str) -> str:
+        """C text of the element offset of (``outer``, ``inner``) in the staged array."""
+        if self.swizzled:
+            return f"pf::swizzled_at({outer}, {inner}, {self.outer_pad})"
+        return f"{outer} * {self.stride} + {inner}"
+
     def describe(self) -> str:
         layout = "[k][rows]" if self.trans else "[rows][k]"
-        return (f"{self.rows}x{self.kk} as {layout} padded to {self.rows_pad}x{self.kp}, row pitch {self.stride}"
+        place = (f"in 128-byte-swizzled panels of {PANEL} columns" if self.swizzled
+                 else f"row pitch {self.stride}")
+        return (f"{self.rows}x{self.kk} as {layout} padded to {self.rows_pad}x{self.kp}, {place}"
                 f"{', split hi+lo' if self.split else ''}")
 
 
@@ -208,9 +233,11 @@ def staging(frame: Frame, e: Dot) -> tuple[Staged, Staged]:
         rows = math.prod(frame.sizes[a] for a in axes)
         rows_pad = _up(rows, pad)
         trans = contiguous_axis(x, k) != k
-        stride = (rows_pad if trans else kp) + 8
-        out.append(Staged(x, rows, rows_pad, axes, trans, stride, exact_low(x) is None,
-                          (kp if trans else rows_pad) * stride, k, kk, kp))
+        inner, outer = (rows_pad, kp) if trans else (kp, rows_pad)
+        split = exact_low(x) is None
+        swizzled = frame.swizzle and not split and inner % PANEL == 0 and outer % 8 == 0
+        stride = inner if swizzled else inner + 8
+        out.append(Staged(x, rows, rows_pad, axes, trans, stride, split, outer * stride, k, kk, kp, swizzled))
     return out[0], out[1]
 
 
@@ -465,6 +492,11 @@ class DotPlan:
 
     def describe(self) -> str:
         head = f"{self.m}x{self.n}x{self.k} {self.instruction}"
+        if self.instruction == WGMMA:
+            assert self.a is not None and self.b is not None
+            return "\n".join([f"{head} ({self.low} operands), one per warpgroup of 64 rows and 64 columns of b",
+                              f"a: {self.a.staged.describe()}; {_source(self.a)}",
+                              f"b: {self.b.staged.describe()}; {_source(self.b)}"])
         if self.instruction != MMA_SYNC:
             return head
         assert self.a is not None and self.b is not None

@@ -61,7 +61,8 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, CHEAP_CALLS, axis_var
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.dotplan import (
-    LOW, M16N8, MMA_SYNC, DotPlan, Frame, LdmatrixFragment, OperandPlan, Staged, mma_type, staging,
+    LOW, M16N8, MMA_SYNC, PANEL, SWIZZLE_ALIGN, WGMMA, DotPlan, Frame, LdmatrixFragment, OperandPlan, Staged,
+    mma_type, staging,
 )
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
@@ -85,6 +86,8 @@ if TYPE_CHECKING:
 
 STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
+WARPGROUP_ROWS = 4 * STRIP
+"""Rows of a warpgroup product (``wgmma.m64nNk16``): its four warps' strips."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
@@ -192,6 +195,17 @@ class FragmentLoop:
         """Whether the f32 operands its products take from registers are rounded once (not split hi + lo)."""
         return not any(st.dot.a.staged.split for st in self.stmts.values()
                        if st.dot is not None and st.dot.a is not None and st.dot.a.source == "registers")
+
+    @property
+    def warpgroups(self) -> bool:
+        """Whether its products are warpgroup products (``wgmma``, operands staged swizzled)."""
+        dots = [st.dot for st in self.stmts.values() if st.dot is not None]
+        return bool(dots) and all(d.instruction == WGMMA for d in dots)
+
+    @property
+    def align(self) -> int:
+        """Byte alignment of its shared buffers."""
+        return SWIZZLE_ALIGN if self.warpgroups else 16
 
     @property
     def registers(self) -> int:
@@ -543,8 +557,9 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                 buffers.append((name, source.own_bytes))
         ntiles = b.rows_pad // 8
         pair = 2 if ntiles % 2 == 0 else 1
-        dot = DotPlan(MMA_SYNC, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1, pair,
-                      None, M16N8)
+        instruction = WGMMA if _warpgroup(frame, shape.rows, ops[0], ops[1]) else MMA_SYNC
+        dot = DotPlan(instruction, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1,
+                      pair, None, M16N8)
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
                                       _mask_free(values[s.block], axis_sizes(s)))
     masks = {s.block: s.mask for s in body}
@@ -572,6 +587,21 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                         shared)
 
 
+
+
+def _warpgroup(frame: Frame, rows: int, a: OperandPlan, b: OperandPlan) -> bool:
+    """Whether a product of a loop of ``rows`` rows runs as warpgroup products (``wgmma.m64n64k16``, one per
+    64 rows, 64 columns of ``b`` and 16 of ``k``): where the operands are staged swizzled (:class:`Frame`'s
+    ``swizzle``), the rows fill whole warpgroups, ``b`` (staged swizzled: 16-bit, not split) has whole panels of
+    64 columns, and ``a`` is computed in registers and rounded once, or staged K-major with the loop's rows.  (Not
+    an operand read from another product's tile: that tile has its own layout.)"""
+    if not frame.swizzle or rows % WARPGROUP_ROWS:
+        return False
+    if not (b.source != "held" and b.staged.swizzled and b.staged.rows_pad % PANEL == 0):
+        return False
+    if a.source == "registers":
+        return not a.staged.split
+    return a.source != "held" and a.staged.swizzled and not a.staged.trans and a.staged.rows_pad == rows
 
 
 def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | None:
@@ -818,10 +848,8 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
         if h.memory:
             _each(em, fl.rows, h, lambda h, env: em.line(
                 f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
-    for name, nbytes in kept:
-        em.shared_array("uint16_t", name, nbytes, offsets[name])
-    for name, nbytes in fl.buffers:
-        em.shared_array("uint16_t", name, nbytes, offsets[name])
+    for name, nbytes in (*kept, *fl.buffers):
+        em.shared_array("uint16_t", name, nbytes, offsets[name], fl.align)
     copies = any(st.dot is not None and any(op.source in ("kept", "cp.async") for op in (st.dot.a, st.dot.b)
                                               if op is not None) for st in fl.stmts.values())
     var, t = loop.var.name, em.widths.loop
@@ -837,6 +865,8 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
         # This iteration's tiles have landed; after the barrier every warp is past the previous iteration's
         # products, so the other buffer is free for the next iteration's copies.
         em.line("pf::cp_async_wait<0>();")
+        if fl.warpgroups:
+            em.line("pf::fence_async_shared();  // (the copies, visible to the warpgroup products)")
         em.barrier()
         arrays = _issue(em, fl, body, "read", var)
         em.open(f"if ({var} + 1 < {extent})")
@@ -1226,36 +1256,19 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
     sb = arrays[(st.block, "b")]
     if wait is not None:
         em.line(f"pf::cp_async_wait<{wait}>();")
+        if plan.instruction == WGMMA:
+            em.line("pf::fence_async_shared();")
         em.barrier()
+    if plan.instruction == WGMMA:
+        _warpgroup_product(em, fl, st, e, env, acc, None if st.a_registers else sa, sb)
+        return acc
     em.line("#pragma unroll")
     em.open(f"for (int pf_ks = 0; pf_ks < {a.kp // 16}; ++pf_ks)")
     if st.a_registers:
-        # a's values of this k step (two 8-column tiles of the registers' columns), computed here so that only
-        # one step's are live, then packed in pairs into the A fragment: registers 0-3 are (row g, k 2t..),
-        # (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..), the accumulator layout of tiles 2·step and 2·step + 1.
-        values = em.fresh("fa")
-        em.line(f"float {values}[2][4];  // a = {a.rows}x{a.kk} from registers, k {16} columns of this step")
-        _rows(em, st.row, fl.rows)
-        em.line("#pragma unroll")
-        em.open("for (int pf_t = 0; pf_t < 2; ++pf_t)")
-        em.line("#pragma unroll")
-        em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
-        em.line("[[maybe_unused]] const int pf_nb = 2 * pf_ks + pf_t, pf_q = pf_h * 2 + pf_j;")
-        em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(e.axis)} = pf_nb * 8 + "
-                f"{M16N8.col('pf_lane', 'pf_j')};")
-        em.line(f"{values}[pf_t][pf_q] = {em.convert(em.scalar(e.a, env), e.a.dtype, dt.f32)};")
-        em.close()
-        em.close()
-        em.close()
         em.line("uint32_t pf_fa[4];")
         if split:
             em.line("uint32_t pf_fa_lo[4];")
-        for r, (nb, q) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
-            pair = [f"{values}[{nb}][{q + j}]" for j in (0, 1)]
-            em.line(f"pf_fa[{r}] = pf::pack_{low}({pair[0]}, {pair[1]});")
-            if split:
-                rest = [f"pf::split_rest({p}, pf::round_{low}({p}))" for p in pair]
-                em.line(f"pf_fa_lo[{r}] = pf::pack_{low}({rest[0]}, {rest[1]});")
+        _register_a(em, fl, st, e, env, "pf_fa", "pf_fa_lo" if split else None)
     else:
         fa = LdmatrixFragment("a", a.trans)
         at = fa.address("pf_lane", "pf_warp", "pf_ks * 16", a.stride)
@@ -1281,3 +1294,81 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
     em.close()
     em.close()
     return acc
+
+
+def _register_a(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str], fa: str,
+                fa_lo: str | None) -> None:
+    """The A fragment of k step ``pf_ks`` of a product whose ``a`` is computed from registers, into the four
+    registers ``fa`` (and the lo parts into ``fa_lo`` where split).
+
+    a's values of the step (two 8-column tiles of the registers' columns) are computed here, so that only one
+    step's are live, then packed in pairs: registers 0-3 are (row g, k 2t..), (g + 8, 2t..), (g, 2t + 8..),
+    (g + 8, 2t + 8..), the accumulator layout of tiles 2·step and 2·step + 1 (per warp, the same for
+    ``mma.sync`` and for the four warps of a warpgroup product)."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.low is not None
+    low = LOW[plan.low.name]
+    a = plan.a.staged
+    values = em.fresh("fa")
+    em.line(f"float {values}[2][4];  // a = {a.rows}x{a.kk} from registers, k {16} columns of this step")
+    _rows(em, st.row, fl.rows)
+    em.line("#pragma unroll")
+    em.open("for (int pf_t = 0; pf_t < 2; ++pf_t)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+    em.line("[[maybe_unused]] const int pf_nb = 2 * pf_ks + pf_t, pf_q = pf_h * 2 + pf_j;")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(e.axis)} = pf_nb * 8 + "
+            f"{M16N8.col('pf_lane', 'pf_j')};")
+    em.line(f"{values}[pf_t][pf_q] = {em.convert(em.scalar(e.a, env), e.a.dtype, dt.f32)};")
+    em.close()
+    em.close()
+    em.close()
+    for r, (nb, q) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
+        pair = [f"{values}[{nb}][{q + j}]" for j in (0, 1)]
+        em.line(f"{fa}[{r}] = pf::pack_{low}({pair[0]}, {pair[1]});")
+        if fa_lo is not None:
+            rest = [f"pf::split_rest({p}, pf::round_{low}({p}))" for p in pair]
+            em.line(f"{fa_lo}[{r}] = pf::pack_{low}({rest[0]}, {rest[1]});")
+
+
+def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
+                       acc: str, sa: str | None, sb: str) -> None:
+    """The statement's product as warpgroup products into ``acc``: warpgroup ``pf_warp / 4`` multiplies its 64
+    rows of ``a`` (from swizzled ``sa``, or from registers where ``sa`` is None) by each 64-column chunk ``c``
+    of ``b`` (swizzled ``sb``) into tiles ``8c ..`` of ``acc``, one ``wgmma.m64n64k16`` per chunk and k step.
+
+    A wgmma reads its register operands asynchronously: every A fragment is computed before the fence that
+    precedes the first product, and the accumulators are read after the wait for all of them."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
+    a, b = plan.a.staged, plan.b.staged
+    steps = a.kp // 16
+    name = f"pf::wgmma_m64n64k16_{LOW[plan.low.name]}"
+    if sa is None:
+        em.line(f"uint32_t pf_fa[{steps}][4];  // every k step's A fragment, before the fence")
+        em.line("#pragma unroll")
+        em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
+        _register_a(em, fl, st, e, env, "pf_fa[pf_ks]", None)
+        em.close()
+    em.line("pf::wgmma_fence();")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
+    # Element offsets (k steps of 16 columns: 32 bytes along a K-major panel's rows, 16 rows of an N-major one).
+    k_major = "(pf_ks / 4) * {panel} + (pf_ks % 4) * 16"
+    if sa is not None:
+        at = k_major.format(panel=a.outer_pad * PANEL) + f" + (pf_warp / 4) * {WARPGROUP_ROWS * PANEL}"
+        em.line(f"const uint64_t pf_da = pf::wgmma_desc_k128({sa} + {at});")
+    for c in range(b.rows_pad // PANEL):
+        if b.trans:
+            at = f"{c * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
+        else:
+            at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * PANEL * PANEL}" if c else "")
+        db = f"pf::wgmma_desc_k128({sb} + {at})"
+        template = f"<{int(b.trans)}, {c}>"
+        if sa is None:
+            em.line(f"{name}_rs{template}({acc}, pf_fa[pf_ks], {db}, pf_ks > 0);")
+        else:
+            em.line(f"{name}{template}({acc}, pf_da, {db}, pf_ks > 0);")
+    em.close()
+    em.line("pf::wgmma_commit();")
+    em.line("pf::wgmma_wait<0>();")

@@ -51,7 +51,9 @@ class CodegenOptions:
     hi + lo and multiplied twice (about 22 significant bits instead of 11).  ``prefetch``: such a loop copies
     the next iteration's operand tiles while it computes this one (two buffers each).  ``reduce_chains``: such a
     loop's thread reduces its columns of a row into this many independent partials (a power of two), combined
-    in a tree: shorter dependency chains.
+    in a tree: shorter dependency chains.  ``warpgroup_products``: where the device has ``wgmma`` (sm_90a), such a
+    loop's products run as warpgroup products on operands staged in 128-byte-swizzled shared memory, each
+    warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows.
     """
 
     fast_exp: bool = True
@@ -79,6 +81,7 @@ class CodegenOptions:
     round_operands: bool = True
     prefetch: bool = True
     reduce_chains: int = 4
+    warpgroup_products: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

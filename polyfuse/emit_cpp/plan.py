@@ -35,8 +35,8 @@ from polyfuse.emit_cpp.cfamily import (
     walk_unmaterialized, worth_hoisting,
 )
 from polyfuse.emit_cpp.dotplan import (
-    BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, DotPlan, Frame, OperandPlan, Staged, dot_pitch, few_outputs,
-    k_groups, mma_type, presplit_parts, raw_staging, staging, warp_tiling,
+    BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PER_OUTPUT, SWIZZLE_ALIGN, DotPlan, Frame, OperandPlan, Staged, dot_pitch,
+    few_outputs, k_groups, mma_type, presplit_parts, raw_staging, staging, warp_tiling,
 )
 from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.emit_cpp.target import Target, entry_name
@@ -174,20 +174,22 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     tensors = {t.name: t for t in gpu.program.tensors}
     shared_names = frozenset(n for nest in gpu.nests for n in nest.shared)
 
+    wgmma = tensor_cores and device.wgmma and options.warpgroup_products
+
     def threads_of(nest: GridNest) -> int:
         if nest.kind == MAP:
             return options.map_threads
         warps = nest.warps or options.warps
         if warps is None:
             default = Frame({}, device.default_warps * device.warp_size, device.warp_size, tensor_cores, options,
-                            tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)))
+                            tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma)
             warps = next((w for lp in walk_tile_stmts(nest.body) if isinstance(lp, Loop)
                           if (w := fragments.warps_for(default, lp)) is not None), device.default_warps)
         return warps * device.warp_size
 
     def frame_of(nest: GridNest) -> Frame:
         return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
-                     tuple(lp.var for lp in nest.chain if unit_loop(lp)))
+                     tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels = tuple(_plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest), presplit=split), device)
@@ -269,9 +271,12 @@ class _Planner:
         self.counter += 1
         return f"pf_{hint}{self.counter}"
 
-    def take(self, nbytes: int) -> None:
-        self.scratch += align16(nbytes)
+    def take(self, nbytes: int, align: int = 16) -> int:
+        """The offset of the next ``nbytes`` of scratch, ``align``-byte aligned (taken)."""
+        offset = -(-self.scratch // align) * align
+        self.scratch = offset + align16(nbytes)
         self.peak = max(self.peak, self.scratch)
+        return offset
 
     def here(self, sizes: Mapping[str, int]) -> Frame:
         return dataclasses.replace(self.frame, sizes=dict(sizes), shared_names=frozenset(self.shared_names))
@@ -355,26 +360,31 @@ class _Planner:
 
     def fragment_loop(self, frame: Frame, s: Loop, after: tuple[TileStore, ...]) -> None:
         """A loop in warp fragments with its epilogue ``after``: its kept tiles and its products' staging
-        buffers, for the whole loop."""
-        mark = self.scratch
-        streams = stream.plan(frame, s, self.fresh) if self.keep_tiles else None
-        offsets: dict[str, int] = {}
-        for tile in streams.kept if streams is not None else ():
-            offsets[tile.buffer] = self.scratch
-            self.take(tile.nbytes)
-        self.streams = streams
+        buffers, for the whole loop.  On a device with warpgroup products, planned first with operands staged
+        swizzled; where a product cannot be a warpgroup product, planned again with ``mma.sync``'s layouts."""
+        mark, peak = self.scratch, self.peak
+        for swizzle in (True, False) if frame.wgmma else (False,):
+            here = dataclasses.replace(frame, swizzle=swizzle)
+            align = SWIZZLE_ALIGN if swizzle else 16
+            streams = stream.plan(here, s, self.fresh) if self.keep_tiles else None
+            offsets: dict[str, int] = {}
+            for tile in streams.kept if streams is not None else ():
+                offsets[tile.buffer] = self.take(tile.nbytes, align)
+            self.streams = streams
 
-        def operand(block: str, here: Frame, op: Staged, low: DType) -> OperandPlan:
-            self.block = block
-            return self.operand(here, op, low)
+            def operand(block: str, at: Frame, op: Staged, low: DType) -> OperandPlan:
+                self.block = block
+                return self.operand(at, op, low)
 
-        plan = fragments.plan(frame, s, after, fragments.in_memory(frame, self.nest.body, s, after), operand,
-                              self.fresh)
-        self.streams = None
-        for name, nbytes in plan.buffers:
-            offsets[name] = self.scratch
-            self.take(nbytes)
-        self.scratch = mark
+            plan = fragments.plan(here, s, after, fragments.in_memory(here, self.nest.body, s, after), operand,
+                                  self.fresh)
+            self.streams = None
+            for name, nbytes in plan.buffers:
+                offsets[name] = self.take(nbytes, align)
+            self.scratch = mark
+            if plan.warpgroups or not swizzle:
+                break
+            self.peak = peak
         self.loops[id(s)] = LoopPlan(s.var.name, {}, (), (), streams, offsets, plan)
 
     def store(self, s: TileStore) -> None:

@@ -65,7 +65,8 @@ def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Ex
     em.open("")
     strides = _tile_strides(em, op, load)
     em.line(f"int pf_o = pf_tid * {VEC16} / {op.inner}, pf_i = pf_tid * {VEC16} % {op.inner};")
-    em.line(f"int pf_d = pf_o * {op.stride} + pf_i;")
+    if not op.swizzled:  # (a swizzled place is computed from pf_o, pf_i)
+        em.line(f"int pf_d = pf_o * {op.stride} + pf_i;")
     if strides is not None:
         zero = em.access(load.tensor, load.index, dict.fromkeys((*op.rows_axes, op.k), "0"))
         first = f"pf_o * {strides[0]} + pf_i * {strides[1]}"
@@ -79,10 +80,13 @@ def _raw_groups(em: CudaEmitter, op: Staged, load: TileLoad, conditions: list[Ex
     else:
         em.line(action)
     em.close()
-    em.line(store.format(dst=f"&{arr}[pf_d]"))
+    em.line(store.format(dst=f"&{arr}[{op.at('pf_o', 'pf_i') if op.swizzled else 'pf_d'}]"))
     rows, rest = divmod(em.threads * VEC16, op.inner)
-    step = [("pf_o", rows), ("pf_i", rest), ("pf_d", rows * op.stride + rest)]
-    carry = [("pf_i", -op.inner), ("pf_o", 1), ("pf_d", op.stride - op.inner)]
+    step = [("pf_o", rows), ("pf_i", rest)]
+    carry = [("pf_i", -op.inner), ("pf_o", 1)]
+    if not op.swizzled:
+        step.append(("pf_d", rows * op.stride + rest))
+        carry.append(("pf_d", op.stride - op.inner))
     if strides is not None:
         step.append(("pf_p", rows * strides[0] + rest * strides[1]))
         carry.append(("pf_p", strides[0] - op.inner * strides[1]))
@@ -149,7 +153,7 @@ def stage_vector(em: CudaEmitter, op: Staged, low_name: str, arr: str) -> bool:
         em.line(f"pf_v[{v}] = {em.convert(em.scalar(op.x, lane_env), op.x.dtype, dt.f32)};")
     em.lane_arrays = {}
     em.close()
-    em.line(f"const int pf_at = pf_e / {op.inner} * {op.stride} + pf_e % {op.inner};")
+    em.line(f"const int pf_at = {op.at(f'pf_e / {op.inner}', f'pf_e % {op.inner}')};")
     em.line(f"alignas(16) uint16_t pf_hi[{vec}];")
     if op.split:
         em.line(f"alignas(16) uint16_t pf_lo[{vec}];")
@@ -183,7 +187,7 @@ def stage_elements(em: CudaEmitter, op: Staged, low_name: str, arr: str) -> None
     env = _staged_element(em, "float pf_v = 0.0f;", op)
     em.line(f"pf_v = {em.convert(em.scalar(op.x, env), op.x.dtype, dt.f32)};")
     em.close()
-    em.line(f"const int pf_at = pf_e / {op.inner} * {op.stride} + pf_e % {op.inner};")
+    em.line(f"const int pf_at = {op.at(f'pf_e / {op.inner}', f'pf_e % {op.inner}')};")
     hi, lo = split_parts(low_name, "pf_v", "pf_hi")
     em.line(f"const uint16_t pf_hi = {hi};")
     em.line(f"{arr}[pf_at] = pf_hi;")
