@@ -280,6 +280,11 @@ PF_DEV void mbarrier_expect_tx(uint64_t* bar, int bytes) {
 PF_DEV void mbarrier_arrive(uint64_t* bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" :: "r"(smem_addr(bar)) : "memory");
 }
+// One arrival on the barrier once every cp.async this thread issued before has landed (the barrier's count
+// includes it: noinc).
+PF_DEV void cp_async_arrive(uint64_t* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" :: "r"(smem_addr(bar)) : "memory");
+}
 // Warp specialisation: a warpgroup hands registers back (a producer that only issues copies) or takes them
 // (the consumers that hold accumulators); every warp of the warpgroup executes it.
 template <int N> PF_DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }

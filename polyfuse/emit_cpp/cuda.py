@@ -30,7 +30,9 @@ sequence, flushing results under 2^-126 to 0) where every output is a
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
@@ -112,6 +114,23 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
     def close(self) -> None:
         super().close()
         self.memo.pop()
+
+    @contextlib.contextmanager
+    def threads_as(self, index: str, count: int) -> Iterator[None]:
+        """Print code that spreads work over ``count`` threads numbered ``index`` (a warp of the block, by
+        ``pf_lane``) instead of the block's: ``pf_tid`` and :attr:`threads` stand for them inside."""
+        outer = self.threads
+        self.open("")
+        self.line(f"const int pf_part_tid = {index};  // (the threads that do this part)")
+        self.open("")
+        self.line("const int pf_tid = pf_part_tid;")
+        self.threads = count
+        try:
+            yield
+        finally:
+            self.threads = outer
+            self.close()
+            self.close()
 
     def element_loop(self, header: str) -> None:
         """A loop over the elements a thread handles; unrolled (the options' ``element_unroll``) so their loads

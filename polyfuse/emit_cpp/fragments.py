@@ -62,13 +62,13 @@ from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, CHEAP_CALLS, axis_var
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.dotplan import (
     LOW, M16N8, MMA_SYNC, PANEL, SWIZZLE_ALIGN, WGMMA, DotPlan, Frame, LdmatrixFragment, OperandPlan, Staged,
-    mma_type, staging,
+    mma_type, raw_staging, staging,
 )
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.errors import NonAffineIndex
+from polyfuse.errors import InternalError, NonAffineIndex
 from polyfuse.ir.affine import from_linear_form, linear_form
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
 from polyfuse.ir.simplify import simplify
@@ -88,6 +88,17 @@ STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
 WARPGROUP_ROWS = 4 * STRIP
 """Rows of a warpgroup product (``wgmma.m64nNk16``): its four warps' strips."""
+STAGES = 2
+"""Operand tiles in flight with a producer warpgroup: the one being computed on and the next."""
+BARRIER_BYTES = 2 * STAGES * 8
+"""A producer warpgroup's mbarriers: ``full`` and ``empty`` of each stage, 8 bytes each."""
+PRODUCER_WARPS = 4
+"""The producer is a warpgroup: ``setmaxnreg`` gives registers back per warpgroup."""
+PRODUCER_REGISTERS = 40
+"""Registers a producer thread keeps (``setmaxnreg.dec``): addresses and counters of its copies."""
+SUBPARTITION_REGISTERS = 16384
+"""Registers of one of an SM's four sub-partitions (sm_90): each warp lives in one, so a block of
+``4·n`` warps has ``16384 / (32·n)`` registers per thread unless warpgroups trade them (``setmaxnreg``)."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
@@ -189,6 +200,21 @@ class FragmentLoop:
     epilogue: tuple[TileStore, ...] = ()
     prefetch: bool = False
     shared: tuple[SharedValue, ...] = ()
+    barriers: str | None = None
+    """With a producer warpgroup (:func:`_producer`): the shared array of its four mbarriers, ``full`` of the
+    two stages (their copies landed) then ``empty`` (every computing thread is done with them)."""
+
+    @property
+    def producer(self) -> bool:
+        """Whether a warpgroup of its own (after the ``rows / 16`` computing warps) copies the operand tiles."""
+        return self.barriers is not None
+
+    @property
+    def computing_registers(self) -> int:
+        """With a producer: the registers each computing thread takes (``setmaxnreg.inc``) once the producer
+        has given its own back: a sub-partition holds one producer warp and ``rows / 64`` computing ones."""
+        per = -(-self.rows // STRIP) // PRODUCER_WARPS
+        return min(256, (SUBPARTITION_REGISTERS // 32 - PRODUCER_REGISTERS) // per // 8 * 8)
 
     @property
     def round_once(self) -> bool:
@@ -216,9 +242,13 @@ class FragmentLoop:
         return tiles + products + REGISTER_OVERHEAD
 
     def describe(self, offsets: Mapping[str, int]) -> list[str]:
-        lines = [f"in warp fragments: {-(-self.rows // STRIP)} warps of {STRIP} whole rows ({self.rows} real); "
+        warps = -(-self.rows // STRIP)
+        lines = [f"in warp fragments: {warps} warps of {STRIP} whole rows ({self.rows} real); "
                  f"register operands {'rounded once' if self.round_once else 'split hi+lo'}; "
-                 + ("operands of the next iteration copied during this one" if self.prefetch
+                 + (f"warps {warps}-{warps + PRODUCER_WARPS - 1} copy the operand tiles into {STAGES} stages "
+                    f"(mbarriers {self.barriers}; registers {PRODUCER_REGISTERS} for them, "
+                    f"{self.computing_registers} for the others)"
+                    if self.producer else "operands of the next iteration copied during this one" if self.prefetch
                     else "operands copied at the top of each iteration")]
         for h in self.held:
             shape = f"[{h.cols // 8}][4]" if h.col_dim is not None else "[2]"
@@ -428,7 +458,34 @@ def warps_for(frame: Frame, loop: Loop) -> int | None:
     warps = -(-shape.rows // STRIP)
     if warps * STRIP < o.fragment_min_rows or warps > 32:
         return None
-    return warps
+    return warps + (PRODUCER_WARPS if _producer(frame, loop, shape) else 0)
+
+
+def _producer(frame: Frame, loop: Loop, shape: _Shape) -> bool:
+    """Whether a warpgroup of its own copies the loop's operand tiles (warp specialisation, the options'
+    ``producer_warp``): where every product will be a warpgroup product (:func:`_warpgroup`, judged here from
+    the operands' shapes before they are planned) with its memory operands copied raw by cp.async, and the
+    next iteration's tiles are copied during this one (``prefetch``).  Decided from the loop alone, so that the
+    kernel's threads (:func:`warps_for`) and the plan (:func:`plan`) agree."""
+    o = frame.options
+    if not (frame.wgmma and o.producer_warp and o.prefetch and o.async_staging) or shape.rows % WARPGROUP_ROWS:
+        return False
+    for s in _body(loop) or ():
+        for e in (n for n in walk_tile_expr(s.value) if isinstance(n, Dot)):
+            here = dataclasses.replace(frame.at(axis_sizes(s)), swizzle=True)
+            low = mma_type(here, e)
+            if low is None:
+                return False
+            a, b = staging(here, e)
+            registers = any(isinstance(n, TileLoad) and n.tensor.name in shape.dims for n in walk_tile_expr(e.a))
+            copied = [b] if registers else [a, b]
+            if not all(op.swizzled and raw_staging(op, low) is not None for op in copied) or b.rows_pad % PANEL:
+                return False
+            if registers and not o.round_operands:
+                return False
+            if not registers and (a.trans or a.rows_pad != shape.rows):
+                return False
+    return True
 
 
 def epilogue(frame: Frame, loop: Loop, after: Sequence[Stmt]) -> tuple[TileStore, ...]:
@@ -583,8 +640,14 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     prefetch = frame.options.prefetch and bool(buffers) and not every and "held" not in sources
     if prefetch:
         buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
-    return FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
-                        shared)
+    result = FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
+                          shared)
+    if _producer(frame, loop, shape):
+        if not (frame.swizzle and result.warpgroups and prefetch and set(sources) <= {"cp.async", "kept", "registers"}):
+            raise InternalError(f"loop {loop.var.name}: a producer warp was planned for it, but its products or "
+                                f"operands ({', '.join(sorted(set(sources)))}) do not allow one")
+        result = dataclasses.replace(result, barriers=fresh("bar"))
+    return result
 
 
 
@@ -842,14 +905,22 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
     em.line(f"// loop {loop.var.name} in warp fragments: each warp holds {STRIP} whole rows of every tile")
     em.open("")
     em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
-    for h in fl.held:
-        if not h.per_iteration:
-            em.line(h.declaration())
-        if h.memory:
-            _each(em, fl.rows, h, lambda h, env: em.line(
-                f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
     for name, nbytes in (*kept, *fl.buffers):
         em.shared_array("uint16_t", name, nbytes, offsets[name], fl.align)
+    if fl.producer:
+        assert fl.barriers is not None
+        em.shared_array("uint64_t", fl.barriers, BARRIER_BYTES, offsets[fl.barriers])
+        _specialised(em, loop, fl, body, held)
+    else:
+        _in_step(em, loop, fl, body, held)
+    em.close()
+    em.barrier()
+
+
+def _in_step(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStore, ...],
+             held: Mapping[str, Held]) -> None:
+    """Every warp copies and computes: the copies of an iteration published by a block barrier."""
+    _load_held(em, fl)
     copies = any(st.dot is not None and any(op.source in ("kept", "cp.async") for op in (st.dot.a, st.dot.b)
                                               if op is not None) for st in fl.stmts.values())
     var, t = loop.var.name, em.widths.loop
@@ -882,6 +953,76 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
         em.barrier()  # the previous iteration's products have read the buffers this one refills
         arrays, single = _issue_each(em, fl, body)
         waits = dict(single)
+    _iteration(em, fl, body, held, arrays, waits)
+    em.close()
+    if copies:
+        em.line("pf::cp_async_wait<0>();")
+    _finish(em, fl, held)
+
+
+def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStore, ...],
+                 held: Mapping[str, Held]) -> None:
+    """Warp specialisation: the last warpgroup copies iteration ``j``'s operand tiles into stage ``j % 2`` once
+    the computing warps have released it (``empty``), each of its threads arriving on ``full`` when its copies
+    land; the computing warps wait for ``full``, compute, and arrive on ``empty``.  The producer gives registers
+    back and the others take them (``setmaxnreg``: the computing warps hold every tile in registers).  The tiles
+    copied once (the query tile) are copied by every thread before the roles split.  mbarrier phases: stage
+    ``s`` completes phase ``j / 2`` at iteration ``j``, so ``full`` is waited with parity ``(j / 2) & 1`` and
+    ``empty`` (for the iteration two before) with the other one."""
+    bars, var = fl.barriers, loop.var.name
+    computing = -(-fl.rows // STRIP) * em.warp
+    producers = PRODUCER_WARPS * em.warp
+    extent = em.scalar(loop.extent, {})
+    em.open(f"if ({extent} > 0)")
+    em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
+    _issue(em, fl, body, "kept", var)
+    em.close()
+    em.line("pf::cp_async_commit();")
+    em.line("pf::cp_async_wait<0>();")
+    em.line("pf::fence_async_shared();")
+    em.open("if (pf_tid == 0)")
+    for stage in range(STAGES):
+        em.line(f"pf::mbarrier_init(&{bars}[{stage}], {producers});  // full: one arrival per copying thread")
+        em.line(f"pf::mbarrier_init(&{bars}[{STAGES + stage}], {computing});  // empty: every computing thread")
+    em.close()
+    em.barrier()
+    em.open(f"if (pf_tid >= {computing})")
+    em.line(f"pf::setmaxnreg_dec<{PRODUCER_REGISTERS}>();")
+    em.open(em.loop_header(loop))
+    em.line(f"if ({var} >= {STAGES}) pf::mbarrier_wait(&{bars}[{STAGES} + ({var} & 1)], (({var} >> 1) & 1) ^ 1);")
+    with em.threads_as(f"pf_tid - {computing}", producers):
+        _issue(em, fl, body, "next", var)
+    em.line(f"pf::cp_async_arrive(&{bars}[{var} & 1]);")
+    em.close()
+    em.line("pf::cp_async_wait<0>();")
+    em.close()
+    em.open("else")
+    em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
+    _load_held(em, fl)
+    em.open(em.loop_header(loop))
+    em.line(f"pf::mbarrier_wait(&{bars}[{var} & 1], ({var} >> 1) & 1);")
+    em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
+    arrays = _issue(em, fl, body, "read", var)
+    _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts})
+    em.line(f"pf::mbarrier_arrive(&{bars}[{STAGES} + ({var} & 1)]);")
+    em.close()
+    _finish(em, fl, held)
+    em.close()
+
+
+def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
+    """Declare the registers that outlive an iteration, reading those the loop keeps in memory."""
+    for h in fl.held:
+        if not h.per_iteration:
+            em.line(h.declaration())
+        if h.memory:
+            _each(em, fl.rows, h, lambda h, env: em.line(
+                f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
+
+
+def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], held: Mapping[str, Held],
+               arrays: Mapping[tuple[str, str], str], waits: Mapping[str, int | None]) -> None:
+    """One iteration's statements on the registers (``arrays``: the operands in shared memory)."""
     for h in fl.held:
         if h.per_iteration:
             em.line(h.declaration())
@@ -896,9 +1037,10 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
     finally:
         for node in shared:
             em.overrides.pop(node, None)
-    em.close()
-    if copies:
-        em.line("pf::cp_async_wait<0>();")
+
+
+def _finish(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held]) -> None:
+    """The epilogue's statements from the registers, and the tensors the loop keeps in memory written back."""
     for s in fl.epilogue:
         _statement(em, fl, held, s, {}, None)
     for h in fl.held:
@@ -906,8 +1048,6 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
             _each(em, fl.rows, h, lambda h, env: em.line(
                 f"{em.access(em.tensors[h.name], h.index, env)} = {em.to_storage(h.element, dt.f32)};"),
                   writer=True)
-    em.close()
-    em.barrier()
 
 
 def _each(em: CudaEmitter, rows: int, h: Held, body: Callable[[Held, dict[str, str]], None],
@@ -966,19 +1106,19 @@ def _buffer(fl: FragmentLoop, name: str, var: str) -> str:
 def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode: str, var: str
            ) -> dict[tuple[str, str], str]:
     """With prefetch: the copies of the iteration whose loop variable ``var`` is in scope (``first``: before the
-    loop, kept tiles too; ``next``: the next iteration's) or (``read``) only the arrays this iteration's
-    products read.  Returns each memory operand's array by (block, role)."""
+    loop, kept tiles too; ``next``: the next iteration's; ``kept``: the kept tiles only) or (``read``) only the
+    arrays this iteration's products read.  Returns each memory operand's array by (block, role)."""
     arrays: dict[tuple[str, str], str] = {}
     for st, role, op, low in _memory_operands(em, fl, body):
         if op.source == "kept":
             assert op.buffer is not None
             arrays[(st.block, role)] = op.buffer
-            if mode == "first":
+            if mode in ("first", "kept"):
                 copy_async(em, op.staged, low, op.buffer)
             continue
         arr = _buffer(fl, st.buffers[role], var)
         arrays[(st.block, role)] = arr
-        if mode != "read":
+        if mode in ("first", "next"):
             _stage(em, op, low, arr)
     return arrays
 

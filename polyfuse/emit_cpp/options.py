@@ -54,6 +54,8 @@ class CodegenOptions:
     in a tree: shorter dependency chains.  ``warpgroup_products``: where the device has ``wgmma`` (sm_90a), such a
     loop's products run as warpgroup products on operands staged in 128-byte-swizzled shared memory, each
     warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows.
+    ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
+    and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     """
 
     fast_exp: bool = True
@@ -82,6 +84,7 @@ class CodegenOptions:
     prefetch: bool = True
     reduce_chains: int = 4
     warpgroup_products: bool = True
+    producer_warp: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp.fragments import BARRIER_BYTES
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
     walk_unmaterialized, worth_hoisting,
@@ -222,6 +223,10 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     if held:
         resident_blocks = min(resident_blocks, max(1, device.registers_per_sm // (frame.threads * held)))
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
+    if any(lp.fragments is not None and lp.fragments.producer for lp in plan.loops.values()):
+        # warpgroups that trade registers (setmaxnreg): ptxas gives the computing code the registers they take
+        # only where the launch bounds name one block per SM
+        resident_blocks, asked = 1, 1
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
 
 
@@ -381,6 +386,8 @@ class _Planner:
             self.streams = None
             for name, nbytes in plan.buffers:
                 offsets[name] = self.take(nbytes, align)
+            if plan.barriers is not None:
+                offsets[plan.barriers] = self.take(BARRIER_BYTES)
             self.scratch = mark
             if plan.warpgroups or not swizzle:
                 break
