@@ -118,26 +118,31 @@ def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuni
             assert result.ok, f"{variant} at magnitude {magnitude:g}: split against shared {result.line()}"
 
 
-@pytest.mark.parametrize(("name", "sizes", "options"), [
-    ("attn_causal", {"Sq": 200, "Skv": 200, "D": 128, "Dv": 128}, None),
-    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(prefetch=False)),
-    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(async_staging=False)),
-    ("attn_global", {"Sq": 130, "Skv": 190, "D": 64, "Dv": 128}, None),
-    ("attn_gqa", {"Sq": 96, "Skv": 96, "D": 128, "Dv": 64}, None),
-    ("attn_alibi", {"Sq": 100, "Skv": 100, "D": 64, "Dv": 64}, None),
-    ("attn_softcap", {"Sq": 70, "Skv": 150, "D": 64, "Dv": 64}, None),
-    ("attn_window", {"Sq": 200, "Skv": 200, "D": 64, "Dv": 64, "W": 70}, None),
-    ("attn_norm_inside", {"Sq": 96, "Skv": 160, "D": 64, "Dv": 64}, None)])
-def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options):
+@pytest.mark.parametrize(("name", "sizes", "options", "tuning"), [
+    ("attn_causal", {"Sq": 200, "Skv": 200, "D": 128, "Dv": 128}, None, None),
+    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(prefetch=False), None),
+    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(async_staging=False), None),
+    ("attn_global", {"Sq": 130, "Skv": 190, "D": 64, "Dv": 128}, None, None),
+    ("attn_gqa", {"Sq": 150, "Skv": 150, "D": 128, "Dv": 64}, None, None),
+    ("attn_alibi", {"Sq": 140, "Skv": 140, "D": 64, "Dv": 64}, None, None),
+    ("attn_softcap", {"Sq": 130, "Skv": 150, "D": 64, "Dv": 64}, None, None),
+    ("attn_window", {"Sq": 200, "Skv": 200, "D": 64, "Dv": 64, "W": 70}, None, None),
+    ("attn_norm_inside", {"Sq": 130, "Skv": 160, "D": 64, "Dv": 64}, None, None),
+    ("attn_causal", {"Sq": 130, "Skv": 130, "D": 64, "Dv": 64}, CodegenOptions(producer_warp=False), None),
+    ("attn_causal", {"Sq": 300, "Skv": 300, "D": 128, "Dv": 128}, None, GpuTuning(prefill_min_rows=128)),
+    ("attn_gqa", {"Sq": 200, "Skv": 260, "D": 64, "Dv": 64}, None, GpuTuning(prefill_min_rows=128))])
+def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tuning):
     # Heads 64 or 128 wide on sm_90a: the loop in warp fragments multiplies with wgmma (swizzled operand panels,
     # P from registers): against NumPy at every magnitude and input variant, and against the same loop on
     # mma.sync within the tolerance (both round P once; the products sum in another order).  Ragged sizes,
-    # masks and both staging variants included.
-    op, sizes, wg = _kernel(name, "prefill", codegen=options, **sizes)
+    # masks, both staging variants and the loop without its producer warpgroup included; two warpgroups of
+    # 64 rows where the tuning asks for 128-row tiles.
+    op, sizes, wg = _kernel(name, "prefill", codegen=options, tuning=tuning, **sizes)
     if not wg.kernel_source.target.device.wgmma:
         pytest.skip(f"wgmma needs sm_90a; the device is {wg.kernel_source.target.arch}")
     base = options or CodegenOptions()
-    _, _, sync = _kernel(name, "prefill", codegen=dataclasses.replace(base, warpgroup_products=False), **sizes)
+    _, _, sync = _kernel(name, "prefill", codegen=dataclasses.replace(base, warpgroup_products=False), tuning=tuning,
+                         **sizes)
     assert "pf::wgmma_m64n64k16_f16_rs<1, 0>" in wg.kernel_source.text
     assert "wgmma" not in sync.kernel_source.text.split("__global__", 1)[1]
     tolerance = op.tolerance("prefill", sizes)

@@ -35,6 +35,14 @@ def _tiles(name: str, mode: str, target: str = "cuda", **sizes: int):
     return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target).program)
 
 
+def _sm80_tiles(name: str, **sizes: int):
+    """Prefill tiles of sm_80's schedule (64-key tiles; sm_90a's are 128 keys wide)."""
+    op = ops.get(name)
+    sizes = {**op.sizes("prefill"), **sizes}
+    sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=PRESETS["sm_80"])
+    return to_tiles(sch.program)
+
+
 def _dots(plan: ProgramPlan) -> list[DotPlan]:
     out = []
     for k in plan.kernels:
@@ -67,8 +75,9 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
     for k in plan.kernels:
         assert k.peak <= device.shared_per_block
         fragments = _fragments(k)
-        # a loop in warp fragments asks for a warp per 16 rows of its tiles
-        warps = -(-fragments[0].rows // 16) if fragments else k.nest.warps or device.default_warps
+        # a loop in warp fragments asks for a warp per 16 rows of its tiles (and a producer warpgroup)
+        warps = (-(-fragments[0].rows // 16) + 4 * fragments[0].producer if fragments
+                 else k.nest.warps or device.default_warps)
         assert k.threads == warps * 32 or k.nest.kind == "map"
         if k.nest.kind != "map":
             # by shared memory; a loop in warp fragments also bounds the blocks by its registers
@@ -111,9 +120,9 @@ def test_causal_prefill_plan():
     assert [e.block for e in f.epilogue] == ["out"]
     held = {h.name: h for h in f.held}
     assert not held["pv"].memory and not held["pv"].per_iteration and held["score"].per_iteration
-    assert held["pv"].cols == 16 and held["score"].cols == 64 and held["row_max"].col_dim is None
+    assert held["pv"].cols == 16 and held["score"].cols == 128 and held["row_max"].col_dim is None  # (128 keys: sm_90a)
     qk = f.stmts["score"].dot
-    assert qk.instruction == MMA_SYNC and qk.low == dt.f16 and qk.per == 8 and qk.mtiles == 8
+    assert qk.instruction == MMA_SYNC and qk.low == dt.f16 and qk.per == 16 and qk.mtiles == 8
     assert qk.a.source == "kept" and not qk.a.every_iteration and qk.b.source == "cp.async"
     pv = f.stmts["pv"]
     assert pv.a_registers and pv.dot.a.source == "registers" and not pv.dot.a.staged.split
@@ -156,7 +165,9 @@ def test_prefill_products_are_warpgroup_products_on_hopper(name):
     tiles = _tiles(name, "prefill", **ops.get(name).presets["prefill"])
     _, plan = gpu_plan(tiles, CUDA)
     (f,) = _fragments(plan.kernels[0])
-    assert f.warpgroups and f.rows % 64 == 0 and plan.kernels[0].threads == f.rows // 16 * 32
+    # (and a producer warpgroup copies K and V: 4 more warps, one block per SM, registers traded by setmaxnreg)
+    assert f.warpgroups and f.producer and f.rows % 64 == 0 and plan.kernels[0].threads == (f.rows // 16 + 4) * 32
+    assert plan.kernels[0].min_blocks == plan.kernels[0].blocks_per_sm == 1 and f.computing_registers == 232
     loop = next(lp for lp in plan.kernels[0].loops.values() if lp.fragments is f)
     assert all(offset % 1024 == 0 for offset in loop.offsets.values())
     for st in f.stmts.values():
@@ -172,10 +183,17 @@ def test_prefill_products_are_warpgroup_products_on_hopper(name):
     assert "wgmma.m64n64k16 (f16 operands), one per warpgroup" in str(plan)
     text = emit(tiles, CUDA).text
     assert "pf::wgmma_m64n64k16_f16_rs<1, 0>" in text and "__align__(1024)" in text
-    for target in (Target("cuda", PRESETS["sm_80"]), CUDA.with_options(warpgroup_products=False)):
-        _, other = gpu_plan(tiles, target)
+    assert "pf::setmaxnreg_inc<232>()" in text and "pf::cp_async_arrive(" in text
+    sm80 = _sm80_tiles(name, **ops.get(name).presets["prefill"])  # (its own schedule's tiles: 64 keys)
+    for tiles_of, target in ((sm80, Target("cuda", PRESETS["sm_80"])),
+                             (tiles, CUDA.with_options(warpgroup_products=False))):
+        _, other = gpu_plan(tiles_of, target)
         assert {d.instruction for d in _dots(other)} == {MMA_SYNC}
         assert all(not d.a.staged.swizzled and not d.b.staged.swizzled for d in _dots(other))
+        assert not any(f.producer for f in _fragments(other.kernels[0]))
+    _, plain = gpu_plan(tiles, CUDA.with_options(producer_warp=False))
+    (f,) = _fragments(plain.kernels[0])
+    assert f.warpgroups and not f.producer and plain.kernels[0].threads == f.rows // 16 * 32
 
 
 def test_warpgroup_products_need_whole_warpgroups_and_panels():
@@ -205,15 +223,16 @@ def _ragged_tiles():
 def test_plans_follow_the_device():
     # The same program on sm_80 and sm_90a: the same dots, other occupancy (164 KB against 228 KB per SM);
     # HIP (gfx90a, wavefronts of 64) has no mma.sync: every dot is an FMA or a reduction, 4 wavefronts a block.
-    # (at the bench sizes the loop's products are warpgroup products on sm_90a, mma.sync on sm_80)
-    tiles = _tiles("attn_causal", "prefill", **ops.get("attn_causal").presets["prefill"])
+    # (at the bench sizes the loop's products are warpgroup products on sm_90a, mma.sync on sm_80; the tiles of
+    # sm_80's schedule, 64 keys, on both)
+    tiles = _sm80_tiles("attn_causal", **ops.get("attn_causal").presets["prefill"])
     _, h100 = gpu_plan(tiles, CUDA)
     _, a100 = gpu_plan(tiles, Target("cuda", PRESETS["sm_80"]))
     assert [(d.m, d.n, d.k, d.low) for d in _dots(h100)] == [(d.m, d.n, d.k, d.low) for d in _dots(a100)]
     assert {d.instruction for d in _dots(h100)} == {WGMMA} and {d.instruction for d in _dots(a100)} == {MMA_SYNC}
     # (occupancy on the shared-memory path: in warp fragments the registers bound it on both)
     options = CodegenOptions(fragment_loops=False)
-    small = _tiles("attn_causal", "prefill", Sq=256, Skv=256)
+    small = _sm80_tiles("attn_causal", Sq=256, Skv=256)
     _, h100 = gpu_plan(small, Target("cuda", PRESETS["sm_90a"], options))
     _, a100 = gpu_plan(small, Target("cuda", PRESETS["sm_80"], options))
     assert h100.kernels[0].blocks_per_sm == PRESETS["sm_90a"].blocks_per_sm(h100.kernels[0].peak)
@@ -380,7 +399,7 @@ def test_mask_free_condition_holds_only_where_no_element_is_masked():
     _, plan = gpu_plan(_tiles("attn_causal", "prefill", Sq=512, Skv=512), CUDA)
     (f,) = _fragments(plan.kernels[0])
     assert f.stmts["score"].unmasked is not None and f.stmts["pv"].unmasked is None
-    assert "if ((((((64) * j_0) + (63)) + ((-128) * i_0)) <= (0))) {" in emit(
+    assert "if ((((((128) * j_0) + (127)) + ((-128) * i_0)) <= (0))) {" in emit(  # (128 × 128 tiles on sm_90a)
         _tiles("attn_causal", "prefill", Sq=512, Skv=512), CUDA).text
 
 

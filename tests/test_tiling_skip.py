@@ -25,6 +25,7 @@ from polyfuse.ir.expr import BinOp, Call, Const, Select, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import INPUT, OUTPUT, TEMP, Loop, Seq, Tensor
 from polyfuse.ir.visit import substitute
+from polyfuse.device import PRESETS
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.pipeline import build
 from polyfuse.runtime.compiler import CompileOptions
@@ -93,8 +94,11 @@ def test_host_cpp_runs_the_truncated_loop(name):
 
 
 def test_extent_is_one_past_the_last_key_tile_a_query_tile_sees():
-    # GPU tiles of 128 query rows and 64 keys: query tile i_0 sees key tiles 0 … 2·i_0 + 1
-    gpu, _ = _tiles("attn_causal", "cuda", Sq=512, Skv=512)
+    # GPU tiles of 128 query rows and 64 keys (sm_80's schedule): query tile i_0 sees key tiles 0 … 2·i_0 + 1
+    op = ops.get("attn_causal")
+    sizes = {**op.sizes("prefill"), "Sq": 512, "Skv": 512}
+    gpu = tiling.to_tiles(default_schedule("attn_causal", "prefill", op.program("prefill", **sizes), target="cuda",
+                                           device=PRESETS["sm_80"]).program)
     host, _ = _tiles("attn_causal", "cpp", Sq=256, Skv=256)
     i_0 = Var("i_0", dt.i32)
     extent = _loop(skip_masked_tiles(gpu), "j_0").extent
@@ -105,8 +109,8 @@ def test_extent_is_one_past_the_last_key_tile_a_query_tile_sees():
 
 def test_half_the_key_tiles_are_skipped_at_4096():
     program, _ = _tiles("attn_causal", "cuda", Sq=4096, Skv=4096)
-    assert _iterations(program) == 32 * 64  # query tiles of 128 rows, key tiles of 64
-    assert _iterations(skip_masked_tiles(program)) == 1056  # Σ (2·i_0 + 2): 1 - 1056/2048, 48.4% skipped
+    assert _iterations(program) == 32 * 32  # query tiles of 128 rows, key tiles of 128 (sm_90a)
+    assert _iterations(skip_masked_tiles(program)) == 528  # Σ (i_0 + 1): 1 - 528/1024, 48.4% skipped
 
 
 def test_the_pass_is_idempotent_and_shown_in_the_tile_stage():

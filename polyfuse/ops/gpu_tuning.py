@@ -31,6 +31,11 @@ class GpuTuning:
     """Query rows × key columns per thread block of fused prefill attention on GPUs: 16 rows per warp of the
     warp-fragment loop (:mod:`polyfuse.emit_cpp.fragments`), 8 warps.  (Before that loop existed, with every
     tile in shared memory, 32×64 was the best measured on the H200.)"""
+    prefill_wgmma_keys: int = 128
+    """Key columns per thread block of fused prefill attention where the device has warpgroup products (sm_90a):
+    the loop's two products as ``wgmma`` with a producer warpgroup (:mod:`polyfuse.emit_cpp.fragments`); the
+    longer key tile halves the iterations each block waits on (faster than 64 for every prefill operator on the
+    H100 but the divide-inside form; the figures are in benchmarks/results)."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's

@@ -448,6 +448,7 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
     if plan is _attention_prefill:
         _, _, i, j, _ = sch.get_loops("qk")
         rows, keys = tuning.prefill_tile
+        keys = tuning.prefill_wgmma_keys if device.wgmma else keys
         rows = _fit(rows, _extent(sch, i))
         if device.mma_sync:
             rows = max(rows, min(tuning.prefill_tile[0], tuning.prefill_min_rows))
