@@ -1,4 +1,4 @@
-"""The ``polyfuse`` command (contract: CLI.md).
+"""The ``polyfuse`` command (contract: docs/cli.md).
 
 Exit status: 0 success, 1 a check failed, 2 usage error, 3 a :class:`PolyfuseError` (the
 message on stderr, the traceback only with ``--debug``), 4 a stage or backend that is not
@@ -14,11 +14,10 @@ from collections.abc import Sequence
 
 from polyfuse import __version__
 from polyfuse.cli import commands, demo
+from polyfuse.cli.commands import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, PolyfuseError
 from polyfuse.ops.variants import VARIANTS
-
-EXIT_REFUSED, EXIT_UNAVAILABLE = 3, 4
 
 
 def size_assignment(text: str) -> tuple[str, int]:
@@ -99,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     _magnitude(p)
     p.set_defaults(run=demo.demo)
 
+    p = sub.add_parser("cache", help="where compiled kernels are cached (info) or remove them (clear)",
+                       parents=[debug])
+    p.add_argument("action", nargs="?", choices=("info", "clear"), default="info", help="default: info")
+    p.set_defaults(run=commands.cache)
+
     p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[common])
     p.add_argument("op", help="operator name")
     p.set_defaults(run=commands.bench)
@@ -111,7 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a usage error (2)
-        return stop.code if isinstance(stop.code, int) else 2
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     try:
         return args.run(args)
     except PolyfuseError as err:

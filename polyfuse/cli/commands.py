@@ -9,7 +9,9 @@ from polyfuse import ops
 from polyfuse.cli.stages import NotAvailable, Subject, check_backend, gpu_stage, require_backend, require_stage
 from polyfuse.errors import PolyfuseError
 
-EXIT_OK, EXIT_FAIL = 0, 1
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED, EXIT_UNAVAILABLE = 0, 1, 2, 3, 4
+"""The exit statuses of the contract (docs/cli.md): success, a check failed, a usage error, a
+:class:`PolyfuseError` (one line on stderr), a stage or backend not available here."""
 
 
 def subject_of(args: argparse.Namespace) -> Subject:
@@ -130,6 +132,19 @@ def dump(args: argparse.Namespace) -> int:
         print(f"# kernel plan\n{built.dump('plan')}")
     if args.stage not in ("plain", "fused", "tile", "plan"):
         print(built.dump("source"), end="")
+    return EXIT_OK
+
+
+def cache(args: argparse.Namespace) -> int:
+    """``info``: the cache directory (``$POLYFUSE_CACHE_DIR`` or the platform's), its kernels and size; ``clear``:
+    remove them (only files the cache wrote)."""
+    from polyfuse.runtime.cache import cache_info, clear_cache
+
+    if args.action == "clear":
+        info = cache_info()
+        print(f"removed {clear_cache(info.directory)} kernel(s) from {info.directory}")
+    else:
+        print(cache_info())
     return EXIT_OK
 
 
