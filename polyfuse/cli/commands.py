@@ -1,5 +1,5 @@
-"""The subcommands of ``polyfuse`` (except ``demo``): each takes the parsed arguments and
-returns the exit status.  The contract is /work/shared/CLI.md."""
+"""The subcommands of ``polyfuse`` (except ``demo`` and ``dump``): each takes the parsed arguments and
+returns the exit status.  The contract is docs/cli.md."""
 
 from __future__ import annotations
 
@@ -96,6 +96,7 @@ def explain(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     require_backend(args.backend)
     subject = subject_of(args)
+    subject.op.require_magnitude(args.magnitude, subject.mode, subject.sizes)
     print(f"{subject} backend={args.backend} seed={args.seed} magnitude={args.magnitude:g} inputs={args.inputs}")
     print(f"tolerance: {subject.op.tolerance_note}")
     result = check_backend(subject, args.backend, seed=args.seed, magnitude=args.magnitude,
@@ -104,35 +105,6 @@ def check(args: argparse.Namespace) -> int:
         print(f"worst: {result.worst}")
     print(result.line())
     return EXIT_OK if result.ok else EXIT_FAIL
-
-
-def dump(args: argparse.Namespace) -> int:
-    """The stages of a user's program: FILE.py[:FUNC] (default ``main``) returns a Program or Schedule."""
-    import importlib.util
-    from pathlib import Path
-
-    from polyfuse.pipeline import stages
-
-    path, _, func = args.source.partition(":")
-    file = Path(path)
-    if not file.is_file():
-        raise PolyfuseError(f"dump: no file {path!r}")
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    maker = getattr(module, func or "main", None)
-    if maker is None:
-        raise PolyfuseError(f"dump: {path} defines no function {func or 'main'!r}")
-    built = stages(maker(), args.target)
-    if args.stage in (None, "plain", "fused"):
-        print(f"# program\n{built.dump('program')}")
-    if args.stage in (None, "tile"):
-        print(f"# tile program\n{built.dump('tile')}")
-    if args.stage == "plan" or (args.stage is None and built.plan is not None):
-        print(f"# kernel plan\n{built.dump('plan')}")
-    if args.stage not in ("plain", "fused", "tile", "plan"):
-        print(built.dump("source"), end="")
-    return EXIT_OK
 
 
 def cache(args: argparse.Namespace) -> int:

@@ -68,6 +68,7 @@ def demo(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     target = _native_target()
     subject = _subject(args)
+    subject.op.require_magnitude(args.magnitude, subject.mode, subject.sizes)
     print(f"polyfuse demo: {subject}  ({subject.op.description})")
     missing: list[str] = []
     for step, heading, text in _shown(target):

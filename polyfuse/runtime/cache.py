@@ -156,7 +156,7 @@ class CacheInfo:
     size: int
 
     def __str__(self) -> str:
-        return f"directory: {self.directory}\nkernels: {self.entries}\nsize: {self.size / 2**20:.1f} MiB"
+        return f"directory: {self.directory}\nkernels: {self.entries}\nsize: {self.size / 1024:.0f} KiB"
 
 
 def _files(directory: Path) -> list[Path]:
