@@ -202,3 +202,17 @@ def test_build_for_cuda_without_a_driver_is_backend_unavailable(monkeypatch):
             build(sch, "cuda", sizes=sizes, loader="cuda-python")
     finally:
         loaders._loader.cache_clear()
+
+
+def test_an_entry_is_written_with_its_hash_and_a_compile_only_build_leaves_nothing(tmp_path):
+    from polyfuse.runtime.cache import build_cached
+
+    def copy(src: Path, out: Path) -> list[str]:
+        return ["cp", str(src), str(out)]
+
+    entry = build_cached("text", "copy", ["key"], (".txt", ".so"), tmp_path, copy)
+    assert entry is not None and entry.read_text() == "text" and verified(entry)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [entry.name, entry.name + ".lock", entry.name + ".sha256"]
+    scratch = tmp_path / "scratch"
+    assert build_cached("text", "copy", ["key"], (".txt", ".so"), scratch, copy, keep=False) is None
+    assert list(scratch.iterdir()) == []

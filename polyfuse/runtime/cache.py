@@ -89,7 +89,7 @@ def build_cached(source: str, name: str, key: list[str], suffixes: tuple[str, st
     directory.mkdir(parents=True, exist_ok=True)
     out = directory / f"{name}-{digest}{suffixes[1]}"
     if not keep:
-        _compile(source, name, suffixes, directory, command, env)
+        _compile(source, name, suffixes, directory, command, env).unlink()
         return None
     if verified(out):
         return out
