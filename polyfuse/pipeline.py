@@ -132,6 +132,7 @@ def build(program_or_schedule: object, target: Target | str = "cpp", *,
         key = _key(program_or_schedule, target, options, sizes, loader, compiler())
         return _cached(key, lambda: _build_host(program_or_schedule, target, options, sizes))
     if backend in ("cuda", "hip"):
+        from polyfuse.runtime.gpu_compiler import hipcc, nvcc
         from polyfuse.runtime.loaders import loader as get_loader
 
         driver = get_loader(backend, loader)
@@ -139,7 +140,7 @@ def build(program_or_schedule: object, target: Target | str = "cpp", *,
             target = Target(backend, driver.device_spec())
         if codegen is not None:
             target = dataclasses.replace(target, options=codegen)
-        key = _key(program_or_schedule, target, options, sizes, loader, backend)
+        key = _key(program_or_schedule, target, options, sizes, loader, nvcc() if backend == "cuda" else hipcc())
         return _cached(key, lambda: _build_gpu(program_or_schedule, target, options, sizes, driver))
     raise BackendUnavailable(f"no runtime for backend {backend!r}; backends are cpp, cuda, hip")
 
