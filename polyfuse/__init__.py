@@ -2,7 +2,7 @@
 
 from polyfuse.errors import PolyfuseError
 
-__version__ = "0.1.0"
+__version__ = "0.1.0"  # the one version source: pyproject.toml reads it (tool.setuptools.dynamic)
 __all__ = ["PolyfuseError", "__version__", "build"]
 
 

@@ -48,6 +48,10 @@ class BackendUnavailable(PolyfuseError):
     """A backend (compiler, loader or device) is missing on this machine."""
 
 
+class CacheCorrupt(PolyfuseError):
+    """A cached kernel cannot be loaded even after it was removed and built again (the message names the file)."""
+
+
 class CompilerWarning(UserWarning):
     """A compiler warned on generated code (it is still built): a polyfuse bug, or a report such as register spills."""
 

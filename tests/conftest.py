@@ -2,11 +2,19 @@
 
 Markers (registered in pyproject.toml): ``gpu`` tests are skipped when no CUDA GPU is
 visible, ``nvcc`` tests when ``nvcc`` is not on PATH; ``slow`` only labels.
+
+Every kernel the tests build goes to a temporary cache (``POLYFUSE_CACHE_DIR``, inherited by the
+processes tests start), never the user's.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from pathlib import Path
+
 import pytest
+
+from polyfuse.runtime.cache import CACHE_ENV
 
 from polyfuse.cli.devices import cuda_gpu_count, nvcc_path
 
@@ -23,3 +31,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if marked and not available():
             for item in marked:
                 item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The session's kernel cache directory."""
+    directory = tmp_path_factory.mktemp("kernel-cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(CACHE_ENV, str(directory))
+        yield directory

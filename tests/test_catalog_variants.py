@@ -49,7 +49,7 @@ def host_kernel(tmp_path_factory):
     from polyfuse.pipeline import build
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
+        patch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path_factory.mktemp("cache")))
         kernels = {}
 
         def kernel(subject: Subject):

@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 
 import polyfuse.cli.demo
+import polyfuse.cli.stages
 import polyfuse.deps
 from polyfuse import ops
 from polyfuse.cli import main
 from polyfuse.cli.demo import DEMO_OPERATORS
 from polyfuse.cli.stages import BACKEND_NAMES, BACKENDS, STAGE_NAMES, STAGES
+from polyfuse.errors import BackendUnavailable
 from polyfuse.ir.printer import program_from_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,6 +248,18 @@ def test_demo_runs_the_plain_program_and_checks_it(capsys):
     interp = [line for line in out.splitlines() if line.startswith("interp ")]
     assert len(interp) == 1 and " OK " in interp[0] and "wall " in interp[0]
     assert "checks OK" in out.splitlines()[-1]
+
+
+def test_demo_exits_4_when_a_backend_it_should_run_cannot(capsys, monkeypatch):
+    def no_compiler(subject, inputs):
+        raise BackendUnavailable("the host C++ backend needs a C++ compiler; 'g++' is not on PATH")
+
+    monkeypatch.setitem(polyfuse.cli.stages.BACKENDS, "cpp", no_compiler)
+    code, out, err = cli(capsys, "demo", "--op", "softmax")
+    assert code == 4, out + err
+    lines = out.splitlines()
+    assert "cpp     (the host C++ backend needs a C++ compiler; 'g++' is not on PATH)" in lines
+    assert lines[-2] == "not available: cpp backend" and lines[-1].startswith("3/4 checks OK")
 
 
 def test_demo_falls_back_to_the_next_operator(capsys, monkeypatch):

@@ -26,7 +26,7 @@ from polyfuse.errors import LaunchError, NoRepairFound, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
-from polyfuse.runtime.compiler import CompileOptions
+from polyfuse.runtime.compiler import HEADERS_DIR, CompileOptions
 from polyfuse.runtime.gpu import GpuKernel
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.runtime.loaders import Loader
@@ -509,9 +509,7 @@ def test_cheap_broadcasts_are_recomputed_not_staged():
 
 
 def test_gpu_header_converts_16_bit_floats_with_cvt():
-    from pathlib import Path
-
-    header = (Path(__file__).resolve().parents[1] / "runtime" / "polyfuse_gpu.h").read_text()
+    header = (HEADERS_DIR / "polyfuse_gpu.h").read_text()
     assert "cvt.rn.f16.f32" in header and "cvt.f32.f16" in header and "cvt.rn.bf16.f32" in header
 
 

@@ -1,6 +1,6 @@
 """Hopper primitives, each on its own before any kernel composes them: the 128-byte swizzle, the wgmma shared-memory
 descriptor, the warpgroup accumulator layout, the mbarrier and the bulk tensor copy (TMA) with host-encoded tensor
-maps (``runtime/polyfuse_gpu.h``, :mod:`polyfuse.emit_cpp.dotplan`, :mod:`polyfuse.runtime.tma`).
+maps (``polyfuse/runtime/include/polyfuse_gpu.h``, :mod:`polyfuse.emit_cpp.dotplan`, :mod:`polyfuse.runtime.tma`).
 
 The first GPU test stages two random f16 tiles in swizzled shared memory with ``pf::swizzle128``, multiplies them
 with four ``pf::wgmma_m64n64k16_f16`` steps (k = 64) and dumps every thread's raw accumulator registers; the host

@@ -1,12 +1,8 @@
-"""The runtime: argument checks before launch, DLPack, output arrays, the on-disk cache."""
+"""The runtime: argument checks before launch, DLPack, output arrays, compiler warnings (the cache: test_cache)."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +10,6 @@ import pytest
 from polyfuse.pipeline import build
 from polyfuse.cli.stages import Subject
 from polyfuse.errors import LaunchError
-from polyfuse.runtime import cache_dir
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ on PATH")
 
@@ -86,39 +81,6 @@ def test_read_only_output_and_unknown_size_are_refused(softmax):
         softmax(_x(), N2=3)
 
 
-def test_cache_dir_follows_xdg(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert cache_dir() == tmp_path / "polyfuse"
-    monkeypatch.delenv("XDG_CACHE_HOME")
-    assert cache_dir() == Path(os.path.expanduser("~")) / ".cache" / "polyfuse"
-
-
-_BUILD_ONE = """
-import sys
-from polyfuse.pipeline import build
-from polyfuse.cli.stages import Subject
-subject = Subject.of("logsumexp", None, {})
-kernel = build(subject.schedule(), sizes=subject.sizes, werror=True)
-inputs = subject.op.inputs(0, subject.mode, subject.sizes)
-import numpy as np
-ref = subject.op.reference(inputs, subject.mode, subject.sizes)["out"]
-assert np.allclose(kernel.run(inputs)["out"], ref, rtol=1e-5)
-print(kernel.library)
-"""
-
-
-def test_two_processes_build_the_same_kernel_at_once(tmp_path):
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
-    procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONE], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    results = [p.communicate(timeout=240) for p in procs]
-    for p, (_out, err) in zip(procs, results, strict=True):
-        assert p.returncode == 0, err
-    libs = {out.strip() for out, _ in results}
-    assert len(libs) == 1 and Path(libs.pop()).parent == tmp_path / "polyfuse"
-    assert [p.name for p in (tmp_path / "polyfuse").iterdir() if p.name.startswith(".")] == []
-
-
 _WARNS = ('#include <cstdint>\nextern "C" int polyfuse_warns(void* const*, const int64_t*) { int unused; return 0; }\n')
 """A source g++ warns about (-Wunused-variable)."""
 
@@ -127,7 +89,7 @@ def test_compiler_warnings_are_surfaced_or_errors(tmp_path, monkeypatch):
     from polyfuse.errors import CompilerWarning, InternalError
     from polyfuse.runtime import CompileOptions, compile_host
 
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # an empty cache: built now, so it warns
+    monkeypatch.setenv("POLYFUSE_CACHE_DIR", str(tmp_path))  # an empty cache: built now, so it warns
     with pytest.warns(CompilerWarning, match=r"(?s)kernel 'warns'.*unused"):
         compile_host(_WARNS, "warns")
     with pytest.raises(InternalError, match=r"(?s)g\+\+ failed on the generated kernel 'warns'.*unused"):

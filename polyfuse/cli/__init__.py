@@ -1,4 +1,4 @@
-"""The ``polyfuse`` command (contract: CLI.md).
+"""The ``polyfuse`` command (contract: docs/cli.md).
 
 Exit status: 0 success, 1 a check failed, 2 usage error, 3 a :class:`PolyfuseError` (the
 message on stderr, the traceback only with ``--debug``), 4 a stage or backend that is not
@@ -13,12 +13,11 @@ import traceback
 from collections.abc import Sequence
 
 from polyfuse import __version__
-from polyfuse.cli import commands, demo
+from polyfuse.cli import commands, demo, dump
+from polyfuse.cli.commands import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, PolyfuseError
 from polyfuse.ops.variants import VARIANTS
-
-EXIT_REFUSED, EXIT_UNAVAILABLE = 3, 4
 
 
 def size_assignment(text: str) -> tuple[str, int]:
@@ -45,14 +44,16 @@ def _operator_options(debug: argparse.ArgumentParser) -> argparse.ArgumentParser
                         help="override one of the operator's sizes (repeatable), e.g. --set S=2048")
     parent.add_argument("--mode", metavar="MODE",
                         help="prefill or decode for attention operators (default: the operator's first mode)")
-    parent.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     return parent
 
 
-def _magnitude(parser: argparse.ArgumentParser) -> None:
+def _inputs_options(parser: argparse.ArgumentParser) -> None:
+    """The random inputs of the commands that run an operator (check, demo)."""
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     parser.add_argument("--magnitude", type=float, default=1.0,
                         help="scale of the random inputs, e.g. 1e4 where an unstable formula overflows "
-                             "(an operator's `magnitudes` lists the interesting ones; default 1)")
+                             "(an operator's `magnitudes` lists the interesting ones; default 1); it must be finite "
+                             "and within the inputs' dtype")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,23 +82,33 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("check", help="run an operator on a backend and compare with NumPy", parents=[common])
     p.add_argument("op", help="operator name")
     p.add_argument("--backend", choices=BACKEND_NAMES, default="interp", help="default: interp")
-    _magnitude(p)
+    _inputs_options(p)
     p.add_argument("--inputs", choices=tuple(VARIANTS), default="random", metavar="VARIANT",
                    help="rewrite the random inputs: " + "; ".join(f"{v.name}: {v.description}"
                                                                  for v in VARIANTS.values())
                         + " (default random)")
     p.set_defaults(run=commands.check)
 
-    p = sub.add_parser("dump", help="print the stages of your own program", parents=[common])
-    p.add_argument("source", metavar="FILE.py[:FUNC]", help="FUNC (default main) returns a program or a schedule")
-    p.add_argument("--target", choices=("cpp", "cuda", "hip"), default="cuda")
-    p.add_argument("--stage", choices=STAGE_NAMES)
-    p.set_defaults(run=commands.dump)
+    p = sub.add_parser("dump", help="print the stages of your own program", parents=[debug])
+    p.add_argument("source", metavar="FILE.py[:FUNC]", help="FUNC (default main) returns a program or a schedule; "
+                                                            "the file's folder is on sys.path while it runs")
+    p.add_argument("--target", choices=dump.SOURCE_STAGES,
+                   help=f"the target of --stage tile and plan and of a whole dump (default {dump.DEFAULT_TARGET}); "
+                        f"--stage cpp, cuda and hip are their own target")
+    p.add_argument("--stage", choices=STAGE_NAMES,
+                   help="plain (the program as written: a schedule's original), fused (after the schedule), tile, "
+                        "plan, cpp, cuda or hip (default: every stage for the target)")
+    p.set_defaults(run=dump.dump)
 
     p = sub.add_parser("demo", help="plain attention to a checked fused kernel", parents=[common])
     p.add_argument("--op", help="operator to demonstrate (default attn_global, else softmax)")
-    _magnitude(p)
+    _inputs_options(p)
     p.set_defaults(run=demo.demo)
+
+    p = sub.add_parser("cache", help="where compiled kernels are cached (info) or remove them (clear)",
+                       parents=[debug])
+    p.add_argument("action", nargs="?", choices=("info", "clear"), default="info", help="default: info")
+    p.set_defaults(run=commands.cache)
 
     p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[common])
     p.add_argument("op", help="operator name")
@@ -111,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a usage error (2)
-        return stop.code if isinstance(stop.code, int) else 2
+        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
     try:
         return args.run(args)
     except PolyfuseError as err:

@@ -1,5 +1,5 @@
-"""The subcommands of ``polyfuse`` (except ``demo``): each takes the parsed arguments and
-returns the exit status.  The contract is /work/shared/CLI.md."""
+"""The subcommands of ``polyfuse`` (except ``demo`` and ``dump``): each takes the parsed arguments and
+returns the exit status.  The contract is docs/cli.md."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from polyfuse import ops
 from polyfuse.cli.stages import NotAvailable, Subject, check_backend, gpu_stage, require_backend, require_stage
 from polyfuse.errors import PolyfuseError
 
-EXIT_OK, EXIT_FAIL = 0, 1
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED, EXIT_UNAVAILABLE = 0, 1, 2, 3, 4
+"""The exit statuses of the contract (docs/cli.md): success, a check failed, a usage error, a
+:class:`PolyfuseError` (one line on stderr), a stage or backend not available here."""
 
 
 def subject_of(args: argparse.Namespace) -> Subject:
@@ -94,6 +96,7 @@ def explain(args: argparse.Namespace) -> int:
 def check(args: argparse.Namespace) -> int:
     require_backend(args.backend)
     subject = subject_of(args)
+    subject.op.require_magnitude(args.magnitude, subject.mode, subject.sizes)
     print(f"{subject} backend={args.backend} seed={args.seed} magnitude={args.magnitude:g} inputs={args.inputs}")
     print(f"tolerance: {subject.op.tolerance_note}")
     result = check_backend(subject, args.backend, seed=args.seed, magnitude=args.magnitude,
@@ -104,32 +107,16 @@ def check(args: argparse.Namespace) -> int:
     return EXIT_OK if result.ok else EXIT_FAIL
 
 
-def dump(args: argparse.Namespace) -> int:
-    """The stages of a user's program: FILE.py[:FUNC] (default ``main``) returns a Program or Schedule."""
-    import importlib.util
-    from pathlib import Path
+def cache(args: argparse.Namespace) -> int:
+    """``info``: the cache directory (``$POLYFUSE_CACHE_DIR`` or the platform's), its kernels and size; ``clear``:
+    remove them (only files the cache wrote)."""
+    from polyfuse.runtime.cache import cache_info, clear_cache
 
-    from polyfuse.pipeline import stages
-
-    path, _, func = args.source.partition(":")
-    file = Path(path)
-    if not file.is_file():
-        raise PolyfuseError(f"dump: no file {path!r}")
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    maker = getattr(module, func or "main", None)
-    if maker is None:
-        raise PolyfuseError(f"dump: {path} defines no function {func or 'main'!r}")
-    built = stages(maker(), args.target)
-    if args.stage in (None, "plain", "fused"):
-        print(f"# program\n{built.dump('program')}")
-    if args.stage in (None, "tile"):
-        print(f"# tile program\n{built.dump('tile')}")
-    if args.stage == "plan" or (args.stage is None and built.plan is not None):
-        print(f"# kernel plan\n{built.dump('plan')}")
-    if args.stage not in ("plain", "fused", "tile", "plan"):
-        print(built.dump("source"), end="")
+    if args.action == "clear":
+        info = cache_info()
+        print(f"removed {clear_cache(info.directory)} kernel(s) from {info.directory}")
+    else:
+        print(cache_info())
     return EXIT_OK
 
 

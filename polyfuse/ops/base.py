@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field
 from collections.abc import Callable, Mapping
 
+import ml_dtypes
 import numpy as np
 
 from polyfuse.errors import PolyfuseError
@@ -79,12 +81,32 @@ class Operator:
                magnitude: float = 1.0, variant: str = "random") -> Arrays:
         """Random inputs (``seed``, ``magnitude``) rewritten by the input ``variant`` (``variants.VARIANTS``)."""
         m = self.mode_or_default(mode)
+        self.require_magnitude(magnitude, m, self.sizes(m, sizes))
         arrays = self.make_inputs(np.random.default_rng(seed), m, self.sizes(m, sizes), magnitude)
         if variant == "random":
             return arrays
         inputs = {t.name: t for t in self.build(m, self.sizes(m, sizes)).inputs}
         operands = tuple(declared(o, inputs[o.name]) if o.name in inputs else o for o in self.operands)
         return apply_variant(variant, arrays, operands, seed=seed, op=self.name)
+
+
+    def require_magnitude(self, magnitude: float, mode: str, sizes: Sizes) -> None:
+        """PolyfuseError unless random inputs scaled by ``magnitude`` can be finite.
+
+        A NaN or infinite scale, or one beyond a floating input's largest finite value, makes every nonzero
+        input inf or NaN; the outputs and the reference are then NaN alike and the comparison passes without
+        checking anything, so such a scale is refused instead.
+        """
+        if not math.isfinite(magnitude):
+            raise PolyfuseError(f"magnitude {magnitude} is not finite: every input would be inf or NaN and the "
+                                f"check would compare NaN with NaN; give a finite scale")
+        for tensor in self.build(mode, sizes).inputs:
+            if tensor.dtype.is_float:
+                largest = float(ml_dtypes.finfo(tensor.dtype.numpy).max)
+                if abs(magnitude) > largest:
+                    raise PolyfuseError(f"magnitude {magnitude:g} overflows input {tensor.name!r} of {self.name} "
+                                        f"({tensor.dtype}, largest finite {largest:.5g}): every nonzero entry would "
+                                        f"be inf; give at most {largest:.5g}")
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,10 @@
 """Compile host C++ with g++ into a shared library, cached on disk.
 
-The cache lives in ``$XDG_CACHE_HOME/polyfuse`` (``~/.cache/polyfuse`` by default); a library's
-name is a hash of the source, the runtime headers, the compiler's version and the flags (so the
-:class:`CompileOptions` too), so a change to any of them builds anew.  Several processes may build
-one kernel at once: each compiles into its own temporary file in the cache directory and renames it
-into place with ``os.replace`` (atomic), so a reader sees either no library or a complete one.
+The cache (:mod:`polyfuse.runtime.cache`: where it lives, verification, locking) names a library
+after a hash of the source, the runtime headers, the compiler's version, the flags (so the
+:class:`CompileOptions` too) and the CPU the flags target: ``-march=native`` means this CPU, so the
+key holds what it expands to (:func:`native_target`), and a cache directory shared by machines with
+different CPUs (a network home directory) never hands one a library with instructions it lacks.
 
 A kernel computes what the interpreters compute, operation by operation, so no flag may change a
 result.  Each flag of ``FLAGS`` and why it cannot:
@@ -36,16 +36,15 @@ import os
 import platform
 import shutil
 import subprocess
-import tempfile
-import warnings
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from polyfuse.errors import BackendUnavailable, CompilerWarning, InternalError
+from polyfuse.errors import BackendUnavailable
+from polyfuse.runtime.cache import build_cached, cache_dir
 
-RUNTIME_DIR = Path(__file__).resolve().parent.parent.parent / "runtime"
-"""The helper headers (``polyfuse_host.h``), found relative to the package (editable install)."""
+HEADERS_DIR = Path(__file__).resolve().parent / "include"
+"""The helper headers generated kernels include (``polyfuse_host.h``, ``polyfuse_gpu.h``): package data of
+``polyfuse.runtime``, so an installed wheel finds them next to this module as an editable install does."""
 
 FLAGS = ("-std=c++17", "-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math",
          "-shared", "-fPIC", "-Wall", "-Wextra", "-Wno-array-bounds")
@@ -75,12 +74,6 @@ def host_flags(options: CompileOptions) -> tuple[str, ...]:
     return (*FLAGS, contract, *(("-Werror",) if options.werror else ()))
 
 
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/polyfuse``, or ``~/.cache/polyfuse``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "polyfuse"
-
-
 def compiler() -> str:
     """The C++ compiler: ``$CXX`` when set, else ``g++`` (BackendUnavailable if missing)."""
     name = os.environ.get("CXX", "g++")
@@ -96,11 +89,31 @@ def _version(path: str) -> str:
     return out.stdout.splitlines()[0] if out.stdout else path
 
 
-def _headers_digest() -> str:
-    if not (RUNTIME_DIR / "polyfuse_host.h").is_file():
-        raise BackendUnavailable(f"runtime headers not found in {RUNTIME_DIR} (polyfuse_host.h)")
+@functools.lru_cache(maxsize=4)
+def native_target(path: str) -> str:
+    """What ``-march=native`` means to the compiler at ``path`` on this machine: the target options it enables
+    (``-march=native -Q --help=target``: the CPU name and every instruction set), else the CPU's flags from
+    ``/proc/cpuinfo`` (a compiler without ``-Q``), else the machine name.  Asked once per process."""
+    probe = subprocess.run([path, "-march=native", "-Q", "--help=target"], capture_output=True, text=True,
+                           check=False)
+    if probe.returncode == 0 and "-march=" in probe.stdout:
+        return probe.stdout
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.machine()
+    flags = next((line for line in cpuinfo.splitlines() if line.startswith(("flags", "Features"))), "")
+    return f"{platform.machine()} {flags}"
+
+
+def headers_digest(required: str) -> str:
+    """A hash of every helper header, part of each kernel's cache key; BackendUnavailable (naming the folder
+    and how to repair the installation) if the header ``required`` by a backend is missing."""
+    if not (HEADERS_DIR / required).is_file():
+        raise BackendUnavailable(f"runtime header {required} not found in {HEADERS_DIR}: this polyfuse installation "
+                                 f"is incomplete; reinstall it (pip install --force-reinstall polyfuse)")
     h = hashlib.sha256()
-    for p in sorted(RUNTIME_DIR.glob("*.h")):
+    for p in sorted(HEADERS_DIR.glob("*.h")):
         h.update(p.name.encode() + p.read_bytes())
     return h.hexdigest()
 
@@ -110,45 +123,9 @@ def compile_host(source: str, name: str = "kernel", *, options: CompileOptions |
     unless cached)."""
     cxx = compiler()
     flags = host_flags(options or CompileOptions())
-    key = [source, _headers_digest(), _version(cxx), " ".join(flags), platform.machine()]
+    key = [source, headers_digest("polyfuse_host.h"), _version(cxx), " ".join(flags), native_target(cxx)]
     built = build_cached(source, name, key, (".cpp", ".so"), cache_dir(),
-                         lambda src, out: [cxx, *flags, f"-I{RUNTIME_DIR}", str(src), "-o", str(out)])
+                         lambda src, out: [cxx, *flags, f"-I{HEADERS_DIR}", str(src), "-o", str(out)])
     assert built is not None
     return built
 
-
-def build_cached(source: str, name: str, key: list[str], suffixes: tuple[str, str], directory: Path,
-                 command: Callable[[Path, Path], list[str]], *, env: Mapping[str, str] | None = None,
-                 keep: bool = True) -> Path | None:
-    """Compile ``source`` with ``command(source_path, output_path)`` into ``directory``, once per ``key``.
-
-    The output is named after a hash of ``key`` and written to a temporary file first, then
-    renamed into place (atomic), so concurrent builds of one kernel are safe.  With ``keep``
-    false the output is deleted (a compile-only check) and None is returned.
-    """
-    digest = hashlib.sha256("\0".join(key).encode()).hexdigest()[:24]
-    directory.mkdir(parents=True, exist_ok=True)
-    out = directory / f"{name}-{digest}{suffixes[1]}"
-    if keep and out.exists():
-        return out
-    fd, tmp_src = tempfile.mkstemp(suffix=suffixes[0], prefix=f".{name}-", dir=directory)
-    with os.fdopen(fd, "w") as f:
-        f.write(source)
-    tmp_out = tmp_src[: -len(suffixes[0])] + suffixes[1]
-    try:
-        cmd = command(Path(tmp_src), Path(tmp_out))
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-        if done.returncode != 0:
-            raise InternalError(f"{Path(cmd[0]).name} failed on the generated kernel {name!r} (a polyfuse bug):\n"
-                                f"{done.stderr[-4000:]}")
-        if done.stderr.strip():
-            warnings.warn(CompilerWarning(f"{Path(cmd[0]).name} warned on the generated kernel {name!r} (it was "
-                                          f"built):\n{done.stderr[-4000:]}"), stacklevel=3)
-        if not keep:
-            return None
-        os.replace(tmp_out, out)
-    finally:
-        for p in (tmp_src, tmp_out):
-            if os.path.exists(p):
-                os.unlink(p)
-    return out

@@ -2,10 +2,10 @@
 
 CUDA sources become cubins for one architecture (``sm_90a`` on the H200; the runtime asks the
 device for its own), HIP sources code objects for one ``--offload-arch``.  The cache is the host
-backend's (:func:`polyfuse.runtime.compiler.cache_dir`), keyed by the source, the runtime
-headers, the compiler's version and the flags; concurrent builds are safe (temp file, then an
-atomic rename).  ``compile_only`` writes nothing to the cache and only checks that the source
-compiles, the path CI takes on machines with a compiler and no GPU.
+backend's (:mod:`polyfuse.runtime.cache`: verified on load, one compiler per entry under a
+file lock), keyed by the source, the runtime headers, the compiler's version and the flags.
+``compile_only`` writes nothing to the cache and only checks that the source compiles, the path
+CI takes on machines with a compiler and no GPU.
 
 As on the host (:mod:`polyfuse.runtime.compiler`), no flag may change a result unless
 :class:`~polyfuse.runtime.compiler.CompileOptions` asks: nvcc contracts multiply-adds into FMAs
@@ -19,7 +19,6 @@ source (the ``fast_exp`` option of :class:`polyfuse.emit_cpp.options.CodegenOpti
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import shutil
 import subprocess
@@ -27,7 +26,8 @@ import tempfile
 from pathlib import Path
 
 from polyfuse.errors import BackendUnavailable
-from polyfuse.runtime.compiler import RUNTIME_DIR, CompileOptions, build_cached, cache_dir
+from polyfuse.runtime.cache import build_cached, cache_dir
+from polyfuse.runtime.compiler import HEADERS_DIR, CompileOptions, headers_digest
 
 SPILLS = "-Xptxas=-warn-spills"
 NVCC_FLAGS = ("-std=c++17", "-O3", "-cubin", SPILLS)
@@ -59,7 +59,7 @@ def _version(path: str) -> str:
 def command(backend: str, arch: str, source: Path, output: Path, options: CompileOptions | None = None) -> list[str]:
     """The compiler command line for ``backend`` (``cuda`` or ``hip``) with ``options`` (default: none asked)."""
     options = options or CompileOptions()
-    include = f"-I{RUNTIME_DIR}"
+    include = f"-I{HEADERS_DIR}"
     if backend == "cuda":
         # With werror every warning of the front end, the host compiler and ptxas is an error, except the
         # register spills of -warn-spills: they are a performance report, not a fault of the source.
@@ -79,7 +79,7 @@ def compile_gpu(text: str, name: str, backend: str, arch: str, *, options: Compi
     ``compile_only``."""
     probe = command(backend, arch, Path("in"), Path("out"), options)
     suffixes = (".cu", ".cubin") if backend == "cuda" else (".hip", ".hsaco")
-    key = [text, _headers_digest(), _version(probe[0]), " ".join(probe[1:]), arch]
+    key = [text, headers_digest("polyfuse_gpu.h"), _version(probe[0]), " ".join(probe[1:]), arch]
     # Debian's hipcc picks the NVIDIA platform when nvcc is installed too; HIP sources target AMD.
     env = {**os.environ, "HIP_PLATFORM": "amd"} if backend == "hip" else None
     directory = Path(tempfile.mkdtemp(prefix="polyfuse-")) if compile_only else cache_dir()
@@ -90,11 +90,3 @@ def compile_gpu(text: str, name: str, backend: str, arch: str, *, options: Compi
         if compile_only:
             shutil.rmtree(directory, ignore_errors=True)
 
-
-def _headers_digest() -> str:
-    if not (RUNTIME_DIR / "polyfuse_gpu.h").is_file():
-        raise BackendUnavailable(f"runtime headers not found in {RUNTIME_DIR} (polyfuse_gpu.h)")
-    h = hashlib.sha256()
-    for p in sorted(RUNTIME_DIR.glob("*.h")):
-        h.update(p.name.encode() + p.read_bytes())
-    return h.hexdigest()

@@ -105,7 +105,13 @@ class CudaPython(Loader):
             except ImportError:
                 raise BackendUnavailable("cuda-python is not installed (pip install cuda-python)") from None
         self.cu = driver
-        self.check(driver.cuInit(0), "cuInit")
+        try:
+            self.check(driver.cuInit(0), "cuInit")
+        except (RuntimeError, OSError, LaunchError) as err:
+            # cuda.pathfinder's DynamicLibNotFoundError (a RuntimeError) where there is no libcuda, or cuInit's
+            # error code (no device, driver too old): nothing this process can launch on.
+            raise BackendUnavailable(f"cuda-python cannot load the CUDA driver ({type(err).__name__}: {err}); "
+                                     f"is an NVIDIA driver installed?") from None
         count = self.check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
         if not count:
             raise BackendUnavailable("cuda-python found no CUDA device")

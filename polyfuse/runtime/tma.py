@@ -1,9 +1,10 @@
 """Tensor maps for the Hopper bulk tensor copy (TMA), encoded on the host by the CUDA driver.
 
-A kernel that copies tiles with ``pf::tma_load_2d`` (``runtime/polyfuse_gpu.h``) takes a 128-byte ``CUtensorMap``
-by value (a ``const __grid_constant__`` parameter): the tensor's address, shape and strides, the box one copy
-brings, and the shared-memory swizzle.  :func:`encode_2d` asks the driver (``cuTensorMapEncodeTiled`` of
-``libcuda``, through ctypes: the same entry point on every binding) and returns the map's bytes.
+A kernel that copies tiles with ``pf::tma_load_2d`` (``polyfuse/runtime/include/polyfuse_gpu.h``) takes a
+128-byte ``CUtensorMap`` by value (a ``const __grid_constant__`` parameter): the tensor's address, shape and
+strides, the box one copy brings, and the shared-memory swizzle.  :func:`encode_2d` asks the driver
+(``cuTensorMapEncodeTiled`` of ``libcuda``, through ctypes: the same entry point on every binding) and returns
+the map's bytes.
 """
 
 from __future__ import annotations
