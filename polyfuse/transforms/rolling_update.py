@@ -39,6 +39,9 @@ identity, which is what that term is worth once the producer is finite.  So
 With no producer (the first reduction of a chain, like the row max) there is
 nothing to repair: C is only placed under L (``reverse_compute_at``), where it
 keeps its running value; step 5 applies only when a repair must run per tile.
+A *sibling* (C reads nothing written under L: the statistic of another tensor over
+the same rows) is placed beside a block under L with its iteration space, instance for
+instance (:mod:`~polyfuse.transforms.fuse_siblings`), so it shares the pass.
 
 Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 
@@ -75,6 +78,7 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_rolling_loop
 from polyfuse.transforms.repair import Repair
 from polyfuse.transforms.tree import blocks_under, find_loop, loops_of, replace_node
@@ -88,6 +92,8 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     if consumer.reduce_term() is None or consumer.init is None:
         raise IllegalTransform(f"{what}: block {block!r} is not a reduction X = X ⊕ g with an init; "
                                "only such a block can be fused with a repair")
+
+    notes: tuple[str, ...] = ()
 
     # Step 1. Producers, and the map blocks between them and the consumer.
     found = find_producers(program, block, find_loop(program, loop_block, loop))
@@ -109,8 +115,15 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
                                                  loop=loop, what=what)
         except IllegalTransform as err:
             raise IllegalTransform(f"{err}{_privatized_hint(program, block, producers, loop)}") from None
-    else:
+    elif reads_under(program, block, loop_block, loop):
         program, broken = naive_reverse_compute_at(program, block=block, loop_block=loop_block, loop=loop)
+    else:
+        # Step 3b. A sibling: it reads nothing written under the loop and needs no repair, so it runs beside
+        # a block with its iteration space, instance for instance (one pass over the data).
+        anchor = sibling_anchor(program, block, loop_block, loop)
+        program = fuse_siblings(program, block=block, loop_block=anchor, loop=loop, what=what)
+        broken, notes = [], (f"sibling of block {anchor!r}: no dependence between them, one pass over the same "
+                             "iteration space (fuse_siblings)",)
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
@@ -203,7 +216,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         last = _last(program, b, loop)
         value = select(last, b.reducer.apply(b.store.value, init), b.store.value)  # type: ignore[union-attr, arg-type]
         program = replace_block(program, b.replace(store=Store(b.store.tensor, b.store.indices, value)))
-    notes = tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
+    notes += tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
                   f"plain sum {ld}; the state repair is exact for any reference that ends at {ld} itself, and "
                   "this one stays near the data (the partial sum does not), so the terms do not cancel"
                   for ld in (estimated if needs_repair else ()))

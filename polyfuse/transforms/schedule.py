@@ -250,7 +250,7 @@ class Schedule:
 
     # ------------------------------------------------------------ placement primitives
     # (compute_at, recompute_at, reverse_compute_at, compute_inline, reverse_compute_inline, cache_read,
-    #  cache_write, set_scope)
+    #  cache_write, set_scope, fuse_siblings)
     def compute_at(self, block: str, loop: LoopRef) -> None:
         """Move producer ``block`` under ``loop``, cut to the region one iteration reads (before its first reader)."""
         from polyfuse.transforms.compute_at import compute_at
@@ -304,6 +304,18 @@ class Schedule:
         from polyfuse.transforms.cache import set_scope
 
         self._apply("set_scope", {"block": block, "scope": scope}, lambda p: set_scope(p, block=block, scope=scope))
+
+    def fuse_siblings(self, block: str, loop: LoopRef) -> str:
+        """Run ``block`` under ``loop`` bound as the loop's block, which has the same iteration space and no
+        dependence on it (horizontal fusion: two statistics in one pass); see
+        :mod:`polyfuse.transforms.fuse_siblings`.  Returns ``block``: its name and the names of the loops
+        around the loop's block stay valid, and ``block``'s loops are now those (``sch.loop(block, name)``)."""
+        from polyfuse.transforms.fuse_siblings import fuse_siblings
+
+        def run(p: Program) -> tuple[Program, str]:
+            return fuse_siblings(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name), block
+
+        return self._apply("fuse_siblings", {"block": block, "loop": loop}, run)
 
     # ------------------------------------------------------------ reduction primitives
     # (decompose_reduction, rfactor / privatize)

@@ -77,6 +77,7 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_split_loop
 from polyfuse.transforms.rfactor import read_partials, rfactor
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
@@ -119,18 +120,16 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
 
     # Step 3. Naive fusion of the consumer under the split loop: only temporal producer -> C edges may break.
     fresh = [p for p in producers if p not in local]
-    try:
-        program, broken = naive_reverse_compute_at(program, block=block, loop_block=anchor, loop=loop)
-    except IllegalTransform as err:
-        try:
-            if fresh:
-                program, broken = naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor,
-                                                     loop=loop, what=what)
-            else:
-                program, broken = _place_by_partials(program, block, local, anchor, loop, what)
-        except IllegalTransform as err2:
-            how = "a producer's reduction" if fresh else "the splits of its producers' partial results"
-            raise IllegalTransform(f"{err}\nand aligning it with {how} failed too: {err2}") from None
+    notes: list[str] = []
+    if not producers and not reads_under(program, block, anchor, loop):
+        # A sibling (nothing under the loop writes what it reads): it runs beside a block with its iteration
+        # space, and privatizing it (step 5) splits it like the others; no repair.
+        beside = sibling_anchor(program, block, anchor, loop)
+        program, broken = fuse_siblings(program, block=block, loop_block=beside, loop=loop, what=what), []
+        notes.append(f"sibling of block {beside!r}: no dependence between them, split over the same loop "
+                     "(fuse_siblings, then privatized)")
+    else:
+        program, broken = _naive_place(program, block, fresh, local, anchor, loop, what)
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
@@ -192,10 +191,10 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
             partial_reads[name][ld]: surrogate(partial_reads[name][ld]) for ld in surrogates}))
 
     references: dict[Load, Callable[[Load], Expr]] = {}
-    notes: list[str] = []
     if repair is not None and repair.auxiliaries:
-        program, references, seen, notes = _references(program, r_loads, tensors, counts, c_rf, loop)
+        program, references, seen, state_notes = _references(program, r_loads, tensors, counts, c_rf, loop)
         created += seen
+        notes += state_notes
     for name in locals_:
         refs = {pl: references[ld](pl) for ld, pl in partial_reads[name].items() if ld in references}
         if refs:
@@ -223,6 +222,23 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     fusion = Fusion("split_k_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(dict.fromkeys(created)), tuple(notes))
     return validate(program), fusion
+
+
+def _naive_place(program: Program, block: str, fresh: list[str], local: dict[str, tuple[str, Load]], anchor: str,
+                 loop: str, what: str) -> tuple[Program, list[Dependence]]:
+    """Step 3's naive fusion of a consumer with producers: after the writers it reads under the loop, else
+    aligned with a fresh producer's reduction, else cut by its producers' partials."""
+    try:
+        return naive_reverse_compute_at(program, block=block, loop_block=anchor, loop=loop)
+    except IllegalTransform as err:
+        try:
+            if fresh:
+                return naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor, loop=loop,
+                                          what=what)
+            return _place_by_partials(program, block, local, anchor, loop, what)
+        except IllegalTransform as err2:
+            how = "a producer's reduction" if fresh else "the splits of its producers' partial results"
+            raise IllegalTransform(f"{err}\nand aligning it with {how} failed too: {err2}") from None
 
 
 def _place_by_partials(program: Program, block: str, local: dict[str, tuple[str, Load]], anchor: str, loop: str,
