@@ -55,6 +55,7 @@ Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
@@ -81,11 +82,12 @@ from polyfuse.transforms.fusion_common import (
 from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_rolling_loop
 from polyfuse.transforms.repair import Repair
+from polyfuse.transforms.signs import declared_signs
 from polyfuse.transforms.tree import blocks_under, find_loop, loops_of, replace_node
 
 
 def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
-                   approximate: bool = False) -> tuple[Program, Fusion]:
+                   approximate: bool = False, signs: Mapping[str, str] | None = None) -> tuple[Program, Fusion]:
     """Fuse reduction ``block`` under ``loop`` (enclosing ``loop_block``), repaired; see the module docstring."""
     what = f"rolling_update of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
     consumer = program.block(block)
@@ -129,7 +131,9 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
 
     # Step 4. The repair.
-    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
+    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
+                                         signs=declared_signs(program, signs, what),
+                                         call=("rolling_update", f'sch.loop("{loop_block}", "{loop}")'))
 
     # Step 4b. A state repair (no single h): the auxiliary reductions join the consumer, right after it.
     states: list[tuple[str, Repair | None]] = [(block, repair)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from polyfuse.errors import IllegalTransform
@@ -353,29 +353,36 @@ class Schedule:
             raise IllegalTransform(f"{primitive}: {loop!r} does not enclose block {block!r}")
 
     # ------------------------------------------------------------ reduction fusion
-    def rolling_update(self, block: str, loop: LoopRef, approximate: bool = False) -> str:
+    def rolling_update(self, block: str, loop: LoopRef, approximate: bool = False,
+                       signs: Mapping[str, str] | None = None) -> str:
         """Fuse reduction ``block`` under ``loop`` with a derived repair (FlashAttention-like); see
-        :mod:`polyfuse.transforms.rolling_update`.  Returns the block that now holds the repaired update."""
+        :mod:`polyfuse.transforms.rolling_update`.  Returns the block that now holds the repaired update.
+
+        ``signs`` promises the sign of values the repair reads that the compiler cannot prove
+        (``{"r": "positive"}``; not checked at run time, see :mod:`polyfuse.transforms.signs`)."""
         from polyfuse.transforms.rolling_update import rolling_update
 
         args: dict[str, Any] = {"block": block, "loop": loop}
         if approximate:
             args["approximate"] = True
+        if signs:
+            args["signs"] = dict(signs)
 
         def run(p: Program) -> tuple[Program, str]:
             new, fusion = rolling_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
-                                         approximate=approximate)
+                                         approximate=approximate, signs=signs)
             self._fusions.append(fusion)
             return new, block
 
         return self._apply("rolling_update", args, run)
 
     def split_k_update(self, block: str, loop: LoopRef, approximate: bool = False,
-                       factor_axis: int | None = None) -> str:
+                       factor_axis: int | None = None, signs: Mapping[str, str] | None = None) -> str:
         """Fuse reduction ``block`` with its producers as partials over the split loop ``loop`` and a repaired
         combine (FlashDecoding-like); see :mod:`polyfuse.transforms.split_k_update`.  Returns the local block.
 
-        ``factor_axis`` places the split dimension in ``block``'s partial results (last by default)."""
+        ``factor_axis`` places the split dimension in ``block``'s partial results (last by default); ``signs``
+        as in :meth:`rolling_update`."""
         from polyfuse.transforms.split_k_update import split_k_update
 
         args: dict[str, Any] = {"block": block, "loop": loop}
@@ -383,10 +390,12 @@ class Schedule:
             args["approximate"] = True
         if factor_axis is not None:
             args["factor_axis"] = factor_axis
+        if signs:
+            args["signs"] = dict(signs)
 
         def run(p: Program) -> tuple[Program, str]:
             new, fusion = split_k_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
-                                         approximate=approximate, factor_axis=factor_axis)
+                                         approximate=approximate, factor_axis=factor_axis, signs=signs)
             self._fusions.append(fusion)
             return new, fusion.created[0] if fusion.created else block
 

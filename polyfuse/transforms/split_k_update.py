@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from polyfuse import deps
 from polyfuse.deps.dependence import Dependence
@@ -80,11 +80,13 @@ from polyfuse.transforms.fusion_common import (
 from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_split_loop
 from polyfuse.transforms.rfactor import read_partials, rfactor
+from polyfuse.transforms.signs import declared_signs
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
 
 def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
-                   approximate: bool = False, factor_axis: int | None = None) -> tuple[Program, Fusion]:
+                   approximate: bool = False, signs: Mapping[str, str] | None = None,
+                   factor_axis: int | None = None) -> tuple[Program, Fusion]:
     """Fuse reduction ``block`` with its producers as split partials over ``loop`` plus a repaired combine.
 
     ``factor_axis`` places the split dimension in the consumer's partial results (and its auxiliaries'),
@@ -136,7 +138,9 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     require_split_loop(program, [*fresh, block], loop_block=anchor, loop=loop, what=what)
 
     # Step 4. The repair, from the consumer's own term; a state repair's auxiliary reductions join the consumer.
-    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
+    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
+                                         signs=declared_signs(program, signs, what),
+                                         call=("split_k_update", f'sch.loop("{loop_block}", "{loop}")'))
     aux_blocks: list[str] = []
     counts: dict[str, Expr] = {}
     if repair is not None and repair.auxiliaries:
