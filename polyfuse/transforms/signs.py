@@ -45,6 +45,9 @@ def declared_signs(program: Program, signs: Mapping[str, str] | None, what: str)
         if name not in names:
             raise IllegalTransform(f"{what}: signs= names tensor {name!r}, which program {program.name!r} does not "
                                    f"have; its tensors: {', '.join(sorted(names))}")
+        if name in {t.name for t in program.inputs}:
+            raise IllegalTransform(f"{what}: signs= names input {name!r}: declare it on the input instead, "
+                                   f"p.input({name!r}, …, sign={sign!r}), which the interpreters and kernels check")
     return out
 
 
