@@ -65,9 +65,10 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
         return r_loads, tensors, _solve(program, consumer, term, r_loads, tensors, approximate,  # type: ignore[arg-type]
                                         known)
     except NoRepairFound as err:
-        if call is None or "not provably >= 0" not in str(err):
+        if call is None:
             raise
-        hint = missing_signs(program, r_loads, known, primitive=call[0], block=block, loop=call[1])
+        hint = missing_signs(program, r_loads, known, primitive=call[0], block=block, loop=call[1]) \
+            if "not provably >= 0" in str(err) else ""
         raise NoRepairFound(f"{what}: {err}" + (f"\n{hint}" if hint else "")) from None
 
 

@@ -62,7 +62,7 @@ from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, logical_not, logical_or, select
 from polyfuse.ir.stmt import Block, Reducer
 from polyfuse.ir.visit import children, free_vars, walk_expr
-from polyfuse.symbolic import SymbolTable, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
+from polyfuse.symbolic import SymbolTable, abbreviate, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
 from polyfuse.transforms.numerics import MapDefinition, Numerics, ProducerFacts, check_numerics
 
 if TYPE_CHECKING:
@@ -469,10 +469,10 @@ class _Solver:
             tried.append(h)
             failed = self._prove(h)
             if failed is not None:
-                reasons.append(f"{route} gives h = {h}, but {failed}")
+                reasons.append(f"{route} gives h = {abbreviate(h)}, but {failed}")
                 return None
             return self._checked(self._repair(h, f"{route}; {self._proof_note()}"), reasons,
-                                 f"{route} gives h = {h}, exact in real arithmetic, but")
+                                 f"{route} gives h = {abbreviate(h)}, exact in real arithmetic, but")
 
         for h, route in self._inverse(reasons):
             found = consider(h, route)
@@ -519,7 +519,7 @@ class _Solver:
             if not _is_zero(other - hs[0]):
                 listed = ", ".join(f"{c} = {s}" for s in solutions)
                 reasons.append(f"g = {self.main} has several inverses that disagree ({listed}): "
-                               + " vs ".join(f"h = {h}" for h in hs))
+                               + " vs ".join(f"h = {abbreviate(h)}" for h in hs))
                 return []
         how = "one inverse" if len(solutions) == 1 else f"{len(solutions)} inverses that agree"
         route = f"h = g(r', g⁻¹(r, t)) with {how} in c ({c} = {solutions[0]})"
@@ -551,7 +551,7 @@ class _Solver:
         for branch in self.branches:
             residue = h.xreplace({self.t: branch}) - self._renew(branch)
             if not _is_zero(residue):
-                return f"Eq. 3 fails: h(g(r,c), r, r') - g(r',c) = {sympy.simplify(residue)}, not 0"
+                return f"Eq. 3 fails: h(g(r,c), r, r') - g(r',c) = {abbreviate(sympy.simplify(residue))}, not 0"
         replaced = h.xreplace({self.t: self.g})
         x, y = sympy.Symbol("x_", real=True), sympy.Symbol("y_", real=True)
         combine, op = _COMBINE[self.kind], _OP_OF_KIND[self.kind]
@@ -564,12 +564,11 @@ class _Solver:
         else:
             a = sympy.simplify(sympy.diff(h, self.t))
             if self.t in a.free_symbols and not _is_zero(sympy.diff(a, self.t)):
-                return f"cannot prove h distributes over {self.kind}: h = {h} is not of the form a·t + b"
+                return f"cannot prove h distributes over {self.kind}: h = {abbreviate(h)} is not of the form a·t + b"
             if not _nonnegative(a):
                 assumed = ", ".join(self.assumed) or "none"
-                return (f"cannot prove h distributes over {self.kind}: h = a·t + b with a = {a}, which is not "
-                        f"provably >= 0 (assumptions: {assumed}; declare producers positive= or nonnegative= "
-                        "if they are)")
+                return (f"cannot prove h distributes over {self.kind}: h = a·t + b with a = {abbreviate(a)}, which is "
+                        f"not provably >= 0 (assumptions: {assumed})")
         wrong = _numeric_mismatch((replaced, self.g_new), (lhs, rhs))
         return None if wrong is None else f"Eq. 3 or Eq. 4 does not hold numerically: {wrong}"
 

@@ -106,7 +106,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     producers = sorted(found.reductions, key=order.index)
     for p in producers:
         if not under(program, p, find_loop(program, loop_block, loop)):
-            program = reverse_compute_at(program, block=p, loop_block=loop_block, loop=loop)
+            program = _place_producer(program, p, block, loop_block, loop, what)
     producers = [p for p in producers if rolled_by(program.block(p), loop)]
     require_rolling_loop(program, producers, loop_block=loop_block, loop=loop, what=what)
 
@@ -227,6 +227,21 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(created), notes)
     return validate(program), fusion
+
+
+def _place_producer(program: Program, producer: str, block: str, loop_block: str, loop: str, what: str) -> Program:
+    """Producer ``producer`` placed under the loop as it is (``reverse_compute_at``); a refusal says which call
+    fuses it first when it reads running values itself (a chain fused out of order)."""
+    try:
+        return reverse_compute_at(program, block=producer, loop_block=loop_block, loop=loop)
+    except IllegalTransform as err:
+        if program.block(producer).reducer is None:
+            raise
+        raise IllegalTransform(
+            f"{what}: producer {producer!r} of block {block!r} is not under loop {loop!r} yet, and placing it there "
+            f"as it is fails; fuse the producer first, sch.rolling_update({producer!r}, "
+            f'sch.loop("{loop_block}", "{loop}")), then {block!r} (a chain is fused in program order). '
+            f"The placement said: {err}") from None
 
 
 def _privatized_hint(program: Program, block: str, producers: list[str], loop: str) -> str:
