@@ -56,7 +56,14 @@ def fuse_siblings(program: Program, *, block: str, loop_block: str, loop: str, w
     sibling, anchor = program.block(block), program.block(loop_block)
 
     # Step 2. Same iteration space.
-    bindings = _paired_bindings(sibling, anchor, what)
+    try:
+        bindings = _paired_bindings(sibling, anchor, what)
+    except IllegalTransform as err:
+        if not loop_block.endswith("_rf"):
+            raise
+        raise IllegalTransform(f"{err}; {loop_block!r} holds the partials of a privatized reduction (rfactor, "
+                               "split_k_update), whose iterations are no longer the row's: fuse the siblings before "
+                               "privatizing it") from None
 
     # Step 3. Rewrite: B's nest leaves, B joins L bound as A, under copies of A's loops inside L.
     inner = loops_of(program, loop_block)
