@@ -60,7 +60,7 @@ from polyfuse.errors import NoRepairFound, PolyfuseError
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, logical_not, logical_or, select
-from polyfuse.ir.stmt import Block, Reducer
+from polyfuse.ir.stmt import Reducer
 from polyfuse.ir.visit import children, free_vars, walk_expr
 from polyfuse.symbolic import SymbolTable, abbreviate, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
 from polyfuse.transforms.numerics import MapDefinition, Numerics, ProducerFacts, check_numerics
@@ -68,7 +68,7 @@ from polyfuse.transforms.numerics import MapDefinition, Numerics, ProducerFacts,
 if TYPE_CHECKING:
     from polyfuse.transforms.auxiliary import Auxiliary
 
-__all__ = ["Repair", "reducer_kind", "result_sign", "solve_repair"]
+__all__ = ["Repair", "reducer_kind", "solve_repair"]
 
 _KIND_OF_OP = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 _OP_OF_KIND = {v: k for k, v in _KIND_OF_OP.items()}
@@ -273,35 +273,6 @@ def _deadline(seconds: float) -> Iterator[None]:
         signal.signal(signal.SIGALRM, outer_handler)
         if outer_left > 0:
             signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-3), outer_every)
-
-
-def result_sign(block: Block, signs: Mapping[str, str] | None = None) -> str | None:
-    """``"positive"``, ``"nonnegative"`` or None: what is provable about a reduction's result.
-
-    A sum of squares, a max of ``|x|`` or a sum of ``exp`` is a fact the consumer's
-    repair may need (Eq. 4 for max needs a factor >= 0); the caller passes it on as
-    ``positive=`` / ``nonnegative=``.  A max/min that starts from its identity takes
-    the sign of its terms (extents are >= 1); otherwise the initial value counts too.
-    """
-    term = block.reduce_term()
-    if term is None or block.reducer is None or block.init is None:
-        return None
-    table = SymbolTable()
-    for ld in walk_expr(term):
-        if isinstance(ld, Load) and (signs or {}).get(ld.tensor.name):
-            table.bind(ld, ld.tensor.name, real=True, **{signs[ld.tensor.name]: True})  # type: ignore[index]
-    try:
-        kind = reducer_kind(block.reducer)
-        g, _ = to_sympy(term, table)
-        init, _ = to_sympy(block.init)
-    except PolyfuseError:
-        return None
-    starts_at_identity = kind in ("max", "min") and block.init == block.reducer.identity
-    if g.is_positive and (starts_at_identity or (init.is_nonnegative if kind == "sum" else init.is_positive)):
-        return "positive"
-    if g.is_nonnegative and (starts_at_identity or init.is_nonnegative):
-        return "nonnegative"
-    return None
 
 
 def reducer_kind(reducer: Reducer) -> str:

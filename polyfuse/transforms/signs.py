@@ -109,8 +109,9 @@ def running_sign(program: Program, block: Block, signs: Mapping[str, str]) -> st
 
 
 def sign_of(e: Expr, signs: Mapping[str, str]) -> str | None:
-    """"positive", "nonnegative" or None for every value of ``e``, from its structure (interval bounds) and the
-    signs of the tensors it reads."""
+    """"positive", "nonnegative" or None for every value of ``e``, from its structure (sympy's assumptions, then
+    interval bounds) and the signs of the tensors it reads.  These are facts of real arithmetic (``exp(x)`` is
+    > 0 though it may round to 0): the numerics treat a producer of known sign as >= 0 only."""
     from polyfuse.symbolic import SymbolTable, to_sympy
     from polyfuse.transforms.intervals import bound
 
@@ -119,9 +120,12 @@ def sign_of(e: Expr, signs: Mapping[str, str]) -> str | None:
         if ld.tensor.name in signs:
             table.bind(ld, ld.tensor.name, real=True, **{signs[ld.tensor.name]: True})
     try:
-        b = bound(to_sympy(e, table)[0])
+        g = to_sympy(e, table)[0]
+        b = bound(g)
     except PolyfuseError:
         return None
+    if g.is_positive:  # sympy's assumptions (exp of a real is > 0), as the repair solver reads them
+        return "positive"
     if b.lo > 0 or (b.lo == 0 and not b.lo_in):
         return "positive"
     return "nonnegative" if b.lo >= 0 else None
