@@ -25,9 +25,9 @@ def softmax_via_temp(m: int = 13):
     e = p.temp("e", (n, m), "f64")
     c = p.output("c", (n,), "f64")
     with p.nest("s_max", i=n, j=reduce(m)) as (i, j):
-        mx[i] = maximum(mx[i], x[i, j])
+        mx[i] = maximum(x[i, j], mx[i])
     with p.nest("s_exp", i=n, j=m) as (i, j):
-        e[i, j] = exp(x[i, j] - mx[i])
+        e[i, j] = exp(-mx[i] + x[i, j])
     with p.nest("s_sum", i=n, j=reduce(m)) as (i, j):
         s[i] = s[i] + e[i, j]
     with p.nest("s_q", i=n, j=reduce(m)) as (i, j):
