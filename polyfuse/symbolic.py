@@ -44,8 +44,8 @@ from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, binop, call, cast, const, select
 
 __all__ = [
-    "ROUNDING", "TRUNCATION", "SymbolTable", "SymbolicError", "default_assumptions", "evaluate", "from_sympy",
-    "is_rounding", "rounded_dtype", "to_sympy",
+    "ROUNDING", "TRUNCATION", "SymbolTable", "SymbolicError", "abbreviate", "default_assumptions", "evaluate",
+    "from_sympy", "is_rounding", "rounded_dtype", "to_sympy",
 ]
 
 Number = int | float | bool
@@ -65,6 +65,16 @@ TRUNCATION: dict[str, type[AppliedUndef]] = {
 }
 _ROUNDING_NAMES = {f.__name__: name for name, f in ROUNDING.items()}
 _TRUNCATION_NAMES = {f.__name__: name for name, f in TRUNCATION.items()}
+
+
+def abbreviate(e: object, limit: int = 100) -> str:
+    """``str(e)``, or its two ends around an ellipsis when longer than ``limit`` characters: a refusal quotes
+    the expression it is about, and a page of sympy output hides the reason."""
+    text = str(e)
+    if len(text) <= limit:
+        return text
+    keep = (limit - 24) // 2
+    return f"{text[:keep]} … {text[-keep:]} ({len(text)} characters)"
 
 
 def is_rounding(e: sympy.Basic) -> bool:

@@ -5,8 +5,10 @@ over a 2-D tile ``x[N, M, K]``, or with the first reduction's loop running backw
 later reduction's term reading earlier results through terms of the shapes real code has (``exp(x - max)``,
 ``x / sum``, ``(x - mean)²``, ``x / sqrt(ssq/M + eps)``, ``|x| / amax`` …) or random ones; sometimes a map
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
-sometimes an elementwise epilogue follows.  Inputs mix row kinds (normal, leading zeros, zero rows, ties,
-monotone, magnitudes up to 1000, ±inf and NaN entries); schedules are the fusion recipes of
+sometimes an elementwise epilogue follows; sometimes a later reduction reads none of the earlier ones (a
+*sibling*, fused into the same pass), and sometimes an input declares its sign (``sign=``), which its inputs
+keep.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up to 1000, ±inf
+and NaN entries); schedules are the fusion recipes of
 ``polyfuse.ops.schedules`` (roll, roll over tiles, split-k, split-k then roll) and random sequences of the
 ordinary primitives around them.
 
@@ -83,6 +85,10 @@ SIZES = (1, 2, 3, 4, 5, 7, 8, 11, 13, 16, 17, 23, 31, 32)
 REDUCERS = ("max", "sum", "min", "prod")
 INITS = (1.0, -2.0, 0.5, 3.0)
 EPS = 1e-5
+SIBLINGS = 0.2
+"""How often a later reduction reads no earlier one (a sibling: the statistic of the data beside the cascade)."""
+SIGNS = (None,) * 6 + ("nonnegative", "positive")
+"""What an input declares about its sign (the generated inputs keep the promise: :func:`row`)."""
 
 
 @dataclass
@@ -191,8 +197,8 @@ def cascade(draw: Draw) -> Cascade:
         N, M = draw.choice([1, 2, 3]), draw.choice(SIZES)
         m_size = M
     shape = _Shape(N, [("j", M)] + ([("k", draw.choice([2, 3]))] if layout == "tile2d" else []))
-    x = p.input("x", shape.full, dtype)
-    y = p.input("y", shape.full, dtype) if draw.boolean(0.25) else None
+    x = p.input("x", shape.full, dtype, sign=draw.choice(SIGNS))
+    y = p.input("y", shape.full, dtype, sign=draw.choice(SIGNS)) if draw.boolean(0.25) else None
     count = draw.integer(2, 4)
     producers: list[tuple[str, Tensor]] = []
     names = []
@@ -226,7 +232,9 @@ def cascade(draw: Draw) -> Cascade:
 def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple[str, Tensor]], shape: _Shape,
           idx: tuple) -> Expr:
     xv = x[idx]
-    if n == 0:
+    if n == 0 or draw.boolean(SIBLINGS):  # the first reduction, or a sibling of the earlier ones
+        if n and y is not None and draw.boolean():
+            xv = y[idx]
         return xv if draw.boolean(0.7) else draw.choice([lambda: abs(xv), lambda: exp(xv), lambda: xv * xv])()
     lv = _Leaves(xv, None if y is None else y[idx], [(red, r[idx[0]]) for red, r in producers],
                  shape.count(str(x.dtype)))
@@ -265,8 +273,9 @@ def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[st
 ROW_KINDS = ("normal", "normal", "leading_zeros", "zeros", "ties", "monotone", "large", "special", "positive")
 
 
-def row(draw: Draw, rng: np.random.Generator, m: int) -> np.ndarray:
-    """One row of ``m`` values of a drawn kind."""
+def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None) -> np.ndarray:
+    """One row of ``m`` values of a drawn kind, kept to a declared ``sign`` (magnitudes; +inf stays, -inf and
+    NaN become +inf, and a positive row's zeros the smallest normal number)."""
     kind = draw.choice(ROW_KINDS)
     v = rng.standard_normal(m) * draw.choice([1.0, 3.0])
     if kind == "leading_zeros":
@@ -283,6 +292,10 @@ def row(draw: Draw, rng: np.random.Generator, m: int) -> np.ndarray:
         v[draw.integer(0, m - 1)] = draw.choice([np.inf, -np.inf, np.nan])
     elif kind == "positive":
         v = np.abs(v) + 0.1
+    if sign is not None:
+        v = np.where(np.isnan(v), np.inf, np.abs(v))
+        if sign == "positive":
+            v = np.where(v == 0.0, np.finfo(np.float32).tiny, v)
     return v
 
 
@@ -298,6 +311,6 @@ def inputs(draw: Draw, c: Cascade, seed: int) -> tuple[dict[str, np.ndarray], di
         shape = tuple(int(d.value) for d in decl)  # type: ignore[attr-defined]
     np_dtype = np.float64 if c.dtype == "f64" else np.float32
     per_row = int(np.prod(shape[1:]))
-    data = {t.name: np.stack([row(draw, rng, per_row) for _ in range(shape[0])]).reshape(shape).astype(np_dtype)
-            for t in c.program.inputs}
+    data = {t.name: np.stack([row(draw, rng, per_row, t.sign) for _ in range(shape[0])]).reshape(shape)
+            .astype(np_dtype) for t in c.program.inputs}
     return data, ({"N": shape[0], "M": shape[1]} if c.symbolic else None)

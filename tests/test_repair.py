@@ -18,7 +18,8 @@ from polyfuse.ir import (
 from polyfuse.ir.dtypes import fp8e4m3
 from polyfuse.ir.stmt import Tensor
 from polyfuse.symbolic import evaluate
-from polyfuse.transforms.repair import Repair, _numeric_mismatch, result_sign, solve_repair
+from polyfuse.transforms.repair import Repair, _numeric_mismatch, solve_repair
+from polyfuse.transforms.signs import value_signs
 
 N, D, M = Var("N"), Var("D"), Var("M")
 i, j, d = Var("i"), Var("j"), Var("d")
@@ -274,7 +275,7 @@ def test_condition_mixing_producer_and_c_is_refused() -> None:
     assert "compares a producer result" in msg
 
 
-# ------------------------------------------------------------------ result_sign
+# ------------------------------------------------------------------ signs of reductions
 
 def test_result_sign_of_producer_blocks() -> None:
     p = ProgramBuilder("signs")
@@ -292,9 +293,7 @@ def test_result_sign_of_producer_blocks() -> None:
         total[ii] = total[ii] + xs[ii, jj]
     with p.nest("s_out", i=n) as (ii,):
         out[ii] = ssq[ii] + amax[ii] + esum[ii] + total[ii]
-    signs = {b.name: result_sign(b) for b in p.build().blocks()}
-    assert signs == {"s_ssq": "nonnegative", "s_amax": "nonnegative", "s_esum": "positive", "s_total": None,
-                     "s_out": None}
+    assert value_signs(p.build()) == {"ssq": "nonnegative", "amax": "nonnegative", "esum": "positive"}
 
 
 # ------------------------------------------------------------------ end to end: a rolling update

@@ -139,7 +139,8 @@ SCOPES = ("global", "shared", "local", "texture")
 NAMES = st.sampled_from(["i", "j", "k", "j_0", "N", "M", "x", "a b"])  # loops, sizes, a tensor, no identifier
 PRIMITIVES = ("split", "reorder", "fuse", "tile", "bind", "annotate", "warps", "decompose_reduction", "rfactor",
               "compute_at", "recompute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline",
-              "cache_read", "cache_write", "set_scope", "compact_buffers", "rolling_update", "split_k_update")
+              "cache_read", "cache_write", "set_scope", "compact_buffers", "fuse_siblings", "rolling_update",
+              "split_k_update")
 FUSIONS = ("rolling_update", "split_k_update")
 REGROUPING = ("rfactor", *FUSIONS)
 

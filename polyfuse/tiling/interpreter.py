@@ -16,7 +16,7 @@ import numpy as np
 
 from polyfuse.errors import InternalError, IRError, PolyfuseError, UnboundSize
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
-from polyfuse.ir.interpreter import NUMPY_BINARY, NUMPY_UNARY
+from polyfuse.ir.interpreter import NUMPY_BINARY, NUMPY_UNARY, check_promises
 from polyfuse.ir.stmt import INPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
     Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore,
@@ -68,6 +68,7 @@ def interpret(tile_program: TileProgram, inputs: Mapping[str, np.ndarray],
             if arr.dtype != t.dtype.numpy or arr.shape != shape:
                 raise IRError(f"input {t.name!r} is {arr.dtype}{list(arr.shape)}, the program declares "
                               f"{t.dtype}{list(shape)}")
+            check_promises(t, arr)
             run.buffers[t.name] = arr
         else:
             run.buffers[t.name] = np.full(shape, np.nan if t.dtype.is_float else 0, dtype=t.dtype.numpy)

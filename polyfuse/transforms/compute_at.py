@@ -188,7 +188,7 @@ def _place(program: Program, block: str, loop_block: str, loop: str, *, reverse:
     at = hits[-1] + 1 if reverse else hits[0]
     placed = target.replace(body=seq(*kids[:at], new_nest, *kids[at:]))
     new = rest.replace(body=replace_node(rest.body, target, placed))
-    _require_runs_once(new, block, loop, what, reverse=reverse)
+    require_runs_once(new, block, loop, what, reverse=reverse)
     return new
 
 
@@ -270,7 +270,7 @@ def _nest(block: Block, extents: list[Extent], taken: set[str]) -> Stmt:
     return stmt
 
 
-def _require_runs_once(program: Program, block: str, loop: str, what: str, *, reverse: bool) -> None:
+def require_runs_once(program: Program, block: str, loop: str, what: str, *, reverse: bool) -> None:
     """Every instance of the moved block runs at exactly one point of its new loops."""
     params = param_names(program)
     blk = program.block(block)
@@ -293,4 +293,4 @@ def _require_runs_once(program: Program, block: str, loop: str, what: str, *, re
 
 
 __all__ = ["FULL", "NAIVE", "block_loads", "body_stmts", "compute_at", "loaded_tensors", "naive_reverse_compute_at",
-           "own_nest", "reads_tensor", "reverse_compute_at"]
+           "own_nest", "reads_tensor", "require_runs_once", "reverse_compute_at"]

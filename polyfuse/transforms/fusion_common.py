@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from polyfuse.deps.dependence import Dependence
-from polyfuse.errors import IllegalTransform, InternalError, PolyfuseError
+from polyfuse.errors import IllegalTransform, InternalError, NoRepairFound, PolyfuseError
 from polyfuse.ir.expr import (
     BinOp, Const, Expr, Load, Select, Var, const, eq, logical_and, logical_not, logical_or, select,
 )
@@ -19,7 +19,8 @@ from polyfuse.ir.stmt import Block, Program, Store
 from polyfuse.ir.visit import free_vars, loads, map_expr, substitute
 from polyfuse.transforms.auxiliary import plain_sum
 from polyfuse.transforms.numerics import MapDefinition, ProducerFacts, expand_maps, in_loops
-from polyfuse.transforms.repair import Repair, reducer_kind, result_sign, solve_repair
+from polyfuse.transforms.repair import Repair, reducer_kind, solve_repair
+from polyfuse.transforms.signs import missing_signs, value_signs
 from polyfuse.transforms.tree import loops_of, map_blocks
 
 
@@ -39,11 +40,14 @@ class Fusion:
 
 
 def solve_for(program: Program, block: str, producers: list[str], *, approximate: bool,
-              what: str) -> tuple[list[Load], dict[str, str], Repair | None]:
+              what: str, signs: Mapping[str, str] | None = None, call: tuple[str, str] | None = None,
+              ) -> tuple[list[Load], dict[str, str], Repair | None]:
     """The producer loads in ``block``'s term, producer tensor -> block, and the proven repair (None if no load).
 
     The repair is proven in floating point too (:mod:`~polyfuse.transforms.numerics`), from what the
-    program guarantees about each producer's running value (:func:`producer_facts`).
+    program guarantees about each producer's running value (:func:`producer_facts`) and the sign facts
+    (:mod:`~polyfuse.transforms.signs`; ``signs`` are the call's promises).  ``call`` is the primitive and
+    the loop handle (as Python) the user called, for a refusal that says how to declare a missing sign.
     """
     consumer = program.block(block)
     term = consumer.reduce_term()
@@ -56,18 +60,30 @@ def solve_for(program: Program, block: str, producers: list[str], *, approximate
                                    "along the reduction; a repair needs one producer value per consumer element")
     if not r_loads:
         return r_loads, tensors, None
-    return r_loads, tensors, _solve(program, consumer, term, r_loads, tensors, approximate)  # type: ignore[arg-type]
+    known = value_signs(program, signs)
+    try:
+        return r_loads, tensors, _solve(program, consumer, term, r_loads, tensors, approximate,  # type: ignore[arg-type]
+                                        known)
+    except NoRepairFound as err:
+        if call is None:
+            raise
+        hint = missing_signs(program, r_loads, known, primitive=call[0], block=block, loop=call[1]) \
+            if "not provably >= 0" in str(err) else ""
+        raise NoRepairFound(f"{what}: {err}" + (f"\n{hint}" if hint else "")) from None
 
 
 def _solve(program: Program, consumer: Block, term: Expr, r_loads: list[Load], tensors: dict[str, str],
-           approximate: bool) -> Repair:
-    """The repair of ``consumer``'s update by ``term`` (its reduce term, or a repaired block's term operand)."""
-    facts = tuple(producer_facts(program, consumer, ld, program.block(tensors[ld.tensor.name]), approximate)
-                  for ld in r_loads)
+           approximate: bool, signs: Mapping[str, str]) -> Repair:
+    """The repair of ``consumer``'s update by ``term`` (its reduce term, or a repaired block's term operand).
+
+    A producer whose running values have a known sign is >= 0 for the proof of Eq. 4 (>= 0 and not > 0:
+    a sum starts from 0, which the numerics' surrogates deal with)."""
+    facts = tuple(producer_facts(program, consumer, ld, program.block(tensors[ld.tensor.name]), approximate,
+                                 signs) for ld in r_loads)
     return solve_repair(consumer.reducer, term, r_loads,  # type: ignore[arg-type]
-                        nonnegative=[f.load for f in facts if f.mass],
+                        nonnegative=[f.load for f in facts if f.mass or f.load.tensor.name in signs],
                         reduce_vars={iv.var.name for iv in consumer.reduce_iters}, approximate=approximate,
-                        auxiliary=True, facts=facts, signs=value_signs(program),
+                        auxiliary=True, facts=facts, signs=signs,
                         finite=[t.name for t in program.inputs if t.finite],
                         loops=_bindings(program, consumer), maps=map_definitions(program))
 
@@ -100,7 +116,7 @@ def _bindings(program: Program, block: Block) -> tuple[tuple[str, Expr], ...]:
 
 
 def producer_facts(program: Program, consumer: Block, load: Load, producer: Block,
-                   approximate: bool) -> ProducerFacts:
+                   approximate: bool, signs: Mapping[str, str]) -> ProducerFacts:
     """What the program guarantees about the producer value ``load`` that ``consumer`` reads, at the
     consumer's current element: the producer's reducer, its term for that element (in loop variables,
     :func:`in_loops`), whether it is a mass (a sum or max of terms >= 0 from an init >= 0), and its own
@@ -113,9 +129,9 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
     if kind is None or found is None:
         return ProducerFacts(load, kind, None, False)
     block, term, repaired = found
-    term = _unguarded(term)
+    term = unguarded(term)
     at = _at_consumer(program, consumer, block, term)
-    sign = _term_sign(at, value_signs(program))
+    sign = _term_sign(at, signs)
     init = producer.init
     init_ok = init is None or init == producer.reducer.identity or (  # type: ignore[union-attr]
         isinstance(init, Const) and float(init.value) >= 0)
@@ -126,7 +142,7 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
         inner = [ld for ld in loads(term) if ld.tensor.name in names]
         if inner:
             try:
-                own = _solve(program, block, term, inner, names, approximate)
+                own = _solve(program, block, term, inner, names, approximate, signs)
             except PolyfuseError:
                 own = None
     decaying = own is not None and own.numerics is not None and own.numerics.decays
@@ -183,12 +199,12 @@ def element_term(program: Program, producer: Block) -> tuple[Block, Expr, bool] 
         if other.store.tensor in partials and other.name.startswith(f"{producer.name}_rf"):
             inner = other.reduce_term() if other.reducer is not None else other.store.value
             # a split-k combine that repairs each partial (X = X ⊕ h(X_rf[…], …)) rescales it too
-            rescaled = repaired or not isinstance(_unguarded(term), Load)
+            rescaled = repaired or not isinstance(unguarded(term), Load)
             return (other, inner, rescaled) if inner is not None else None
     return producer, term, repaired
 
 
-def _unguarded(term: Expr) -> Expr:
+def unguarded(term: Expr) -> Expr:
     """A fused term without what an earlier fusion wrapped around it: the guard of a producer at its
     infinite identity (:func:`guard_term`) and the surrogates of masses at 0 (:func:`surrogate`).
     Both are exact, so the term is the producer's own term for an element."""
@@ -211,7 +227,7 @@ def _unguarded(term: Expr) -> Expr:
             return e.false_value
         infinite = tests(e.cond, math.inf) or tests(e.cond, -math.inf)
         if isinstance(v, float) and (v == 0.0 or math.isinf(v)) and infinite:
-            return _unguarded(e.false_value)
+            return unguarded(e.false_value)
         return None
 
     return map_expr(term, strip)
@@ -243,17 +259,6 @@ def _term_sign(term: Expr, signs: dict[str, str]) -> bool:
         return bound(to_sympy(term, table)[0]).lo >= 0
     except PolyfuseError:
         return False
-
-
-def value_signs(program: Program) -> dict[str, str]:
-    """Tensors whose every value is known >= 0 ("nonnegative") or > 0 ("positive"): inputs that declare
-    it, and reductions whose result sign is provable (:func:`~polyfuse.transforms.repair.result_sign`)."""
-    out: dict[str, str] = {t.name: t.sign for t in program.inputs if t.sign is not None}
-    for b in program.blocks():
-        sign = result_sign(b, out) if b.reducer is not None else None
-        if sign is not None:
-            out[b.store.tensor.name] = sign
-    return out
 
 
 def infinite_identity(block: Block) -> bool:

@@ -122,7 +122,8 @@ class _Space:
         # A split's local nest reads its producers' partials <name>_rf: there, they are the current values.
         self.partials = {f"{f.load.tensor.name}_rf": f.load for f in self.facts}
         for k, f in enumerate(self.facts):
-            flags = {"nonnegative": True} if f.mass else {"real": True}
+            # a mass, or a producer whose running values have a known sign (>= 0 only: a sum starts at 0)
+            flags = {"nonnegative": True} if f.mass or f.load.tensor.name in signs else {"real": True}
             name = f.load.tensor.name
             self.new[f.load] = self.table.bind(self.at(f.load), f"{name}'", **flags)
             old = self.placeholder(k, f.load)

@@ -60,15 +60,15 @@ from polyfuse.errors import NoRepairFound, PolyfuseError
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Cast, Expr, Load, Var, cast, eq, logical_and, logical_not, logical_or, select
-from polyfuse.ir.stmt import Block, Reducer
+from polyfuse.ir.stmt import Reducer
 from polyfuse.ir.visit import children, free_vars, walk_expr
-from polyfuse.symbolic import SymbolTable, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
+from polyfuse.symbolic import SymbolTable, abbreviate, evaluate, from_sympy, is_rounding, rounded_dtype, to_sympy
 from polyfuse.transforms.numerics import MapDefinition, Numerics, ProducerFacts, check_numerics
 
 if TYPE_CHECKING:
     from polyfuse.transforms.auxiliary import Auxiliary
 
-__all__ = ["Repair", "reducer_kind", "result_sign", "solve_repair"]
+__all__ = ["Repair", "reducer_kind", "solve_repair"]
 
 _KIND_OF_OP = {"+": "sum", "*": "prod", "max": "max", "min": "min"}
 _OP_OF_KIND = {v: k for k, v in _KIND_OF_OP.items()}
@@ -275,35 +275,6 @@ def _deadline(seconds: float) -> Iterator[None]:
             signal.setitimer(signal.ITIMER_REAL, max(outer_left - (time.monotonic() - started), 1e-3), outer_every)
 
 
-def result_sign(block: Block, signs: Mapping[str, str] | None = None) -> str | None:
-    """``"positive"``, ``"nonnegative"`` or None: what is provable about a reduction's result.
-
-    A sum of squares, a max of ``|x|`` or a sum of ``exp`` is a fact the consumer's
-    repair may need (Eq. 4 for max needs a factor >= 0); the caller passes it on as
-    ``positive=`` / ``nonnegative=``.  A max/min that starts from its identity takes
-    the sign of its terms (extents are >= 1); otherwise the initial value counts too.
-    """
-    term = block.reduce_term()
-    if term is None or block.reducer is None or block.init is None:
-        return None
-    table = SymbolTable()
-    for ld in walk_expr(term):
-        if isinstance(ld, Load) and (signs or {}).get(ld.tensor.name):
-            table.bind(ld, ld.tensor.name, real=True, **{signs[ld.tensor.name]: True})  # type: ignore[index]
-    try:
-        kind = reducer_kind(block.reducer)
-        g, _ = to_sympy(term, table)
-        init, _ = to_sympy(block.init)
-    except PolyfuseError:
-        return None
-    starts_at_identity = kind in ("max", "min") and block.init == block.reducer.identity
-    if g.is_positive and (starts_at_identity or (init.is_nonnegative if kind == "sum" else init.is_positive)):
-        return "positive"
-    if g.is_nonnegative and (starts_at_identity or init.is_nonnegative):
-        return "nonnegative"
-    return None
-
-
 def reducer_kind(reducer: Reducer) -> str:
     """sum/prod/max/min from the combiner itself, so a custom reducer that is one of them qualifies."""
     def strip(e: Expr) -> Expr:
@@ -469,10 +440,10 @@ class _Solver:
             tried.append(h)
             failed = self._prove(h)
             if failed is not None:
-                reasons.append(f"{route} gives h = {h}, but {failed}")
+                reasons.append(f"{route} gives h = {abbreviate(h)}, but {failed}")
                 return None
             return self._checked(self._repair(h, f"{route}; {self._proof_note()}"), reasons,
-                                 f"{route} gives h = {h}, exact in real arithmetic, but")
+                                 f"{route} gives h = {abbreviate(h)}, exact in real arithmetic, but")
 
         for h, route in self._inverse(reasons):
             found = consider(h, route)
@@ -519,7 +490,7 @@ class _Solver:
             if not _is_zero(other - hs[0]):
                 listed = ", ".join(f"{c} = {s}" for s in solutions)
                 reasons.append(f"g = {self.main} has several inverses that disagree ({listed}): "
-                               + " vs ".join(f"h = {h}" for h in hs))
+                               + " vs ".join(f"h = {abbreviate(h)}" for h in hs))
                 return []
         how = "one inverse" if len(solutions) == 1 else f"{len(solutions)} inverses that agree"
         route = f"h = g(r', g⁻¹(r, t)) with {how} in c ({c} = {solutions[0]})"
@@ -551,7 +522,7 @@ class _Solver:
         for branch in self.branches:
             residue = h.xreplace({self.t: branch}) - self._renew(branch)
             if not _is_zero(residue):
-                return f"Eq. 3 fails: h(g(r,c), r, r') - g(r',c) = {sympy.simplify(residue)}, not 0"
+                return f"Eq. 3 fails: h(g(r,c), r, r') - g(r',c) = {abbreviate(sympy.simplify(residue))}, not 0"
         replaced = h.xreplace({self.t: self.g})
         x, y = sympy.Symbol("x_", real=True), sympy.Symbol("y_", real=True)
         combine, op = _COMBINE[self.kind], _OP_OF_KIND[self.kind]
@@ -564,12 +535,11 @@ class _Solver:
         else:
             a = sympy.simplify(sympy.diff(h, self.t))
             if self.t in a.free_symbols and not _is_zero(sympy.diff(a, self.t)):
-                return f"cannot prove h distributes over {self.kind}: h = {h} is not of the form a·t + b"
+                return f"cannot prove h distributes over {self.kind}: h = {abbreviate(h)} is not of the form a·t + b"
             if not _nonnegative(a):
                 assumed = ", ".join(self.assumed) or "none"
-                return (f"cannot prove h distributes over {self.kind}: h = a·t + b with a = {a}, which is not "
-                        f"provably >= 0 (assumptions: {assumed}; declare producers positive= or nonnegative= "
-                        "if they are)")
+                return (f"cannot prove h distributes over {self.kind}: h = a·t + b with a = {abbreviate(a)}, which is "
+                        f"not provably >= 0 (assumptions: {assumed})")
         wrong = _numeric_mismatch((replaced, self.g_new), (lhs, rhs))
         return None if wrong is None else f"Eq. 3 or Eq. 4 does not hold numerically: {wrong}"
 

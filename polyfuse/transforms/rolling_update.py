@@ -39,6 +39,9 @@ identity, which is what that term is worth once the producer is finite.  So
 With no producer (the first reduction of a chain, like the row max) there is
 nothing to repair: C is only placed under L (``reverse_compute_at``), where it
 keeps its running value; step 5 applies only when a repair must run per tile.
+A *sibling* (C reads nothing written under L: the statistic of another tensor over
+the same rows) is placed beside a block under L with its iteration space, instance for
+instance (:mod:`~polyfuse.transforms.fuse_siblings`), so it shares the pass.
 
 Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 
@@ -52,6 +55,7 @@ Before / after (Neptune Fig. 1a → 1c, ``rolling_update(s_sum, s_max, j)``)::
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import islpy as isl
@@ -75,19 +79,23 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_rolling_loop
 from polyfuse.transforms.repair import Repair
+from polyfuse.transforms.signs import declared_signs
 from polyfuse.transforms.tree import blocks_under, find_loop, loops_of, replace_node
 
 
 def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
-                   approximate: bool = False) -> tuple[Program, Fusion]:
+                   approximate: bool = False, signs: Mapping[str, str] | None = None) -> tuple[Program, Fusion]:
     """Fuse reduction ``block`` under ``loop`` (enclosing ``loop_block``), repaired; see the module docstring."""
     what = f"rolling_update of block {block!r} under loop {loop!r} (enclosing block {loop_block!r})"
     consumer = program.block(block)
     if consumer.reduce_term() is None or consumer.init is None:
         raise IllegalTransform(f"{what}: block {block!r} is not a reduction X = X ⊕ g with an init; "
                                "only such a block can be fused with a repair")
+
+    notes: tuple[str, ...] = ()
 
     # Step 1. Producers, and the map blocks between them and the consumer.
     found = find_producers(program, block, find_loop(program, loop_block, loop))
@@ -98,7 +106,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     producers = sorted(found.reductions, key=order.index)
     for p in producers:
         if not under(program, p, find_loop(program, loop_block, loop)):
-            program = reverse_compute_at(program, block=p, loop_block=loop_block, loop=loop)
+            program = _place_producer(program, p, block, loop_block, loop, what)
     producers = [p for p in producers if rolled_by(program.block(p), loop)]
     require_rolling_loop(program, producers, loop_block=loop_block, loop=loop, what=what)
 
@@ -109,14 +117,23 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
                                                  loop=loop, what=what)
         except IllegalTransform as err:
             raise IllegalTransform(f"{err}{_privatized_hint(program, block, producers, loop)}") from None
-    else:
+    elif reads_under(program, block, loop_block, loop):
         program, broken = naive_reverse_compute_at(program, block=block, loop_block=loop_block, loop=loop)
+    else:
+        # Step 3b. A sibling: it reads nothing written under the loop and needs no repair, so it runs beside
+        # a block with its iteration space, instance for instance (one pass over the data).
+        anchor = sibling_anchor(program, block, loop_block, loop)
+        program = fuse_siblings(program, block=block, loop_block=anchor, loop=loop, what=what)
+        broken, notes = [], (f"sibling of block {anchor!r}: no dependence between them, one pass over the same "
+                             "iteration space (fuse_siblings)",)
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
 
     # Step 4. The repair.
-    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
+    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
+                                         signs=declared_signs(program, signs, what),
+                                         call=("rolling_update", f'sch.loop("{loop_block}", "{loop}")'))
 
     # Step 4b. A state repair (no single h): the auxiliary reductions join the consumer, right after it.
     states: list[tuple[str, Repair | None]] = [(block, repair)]
@@ -203,13 +220,28 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
         last = _last(program, b, loop)
         value = select(last, b.reducer.apply(b.store.value, init), b.store.value)  # type: ignore[union-attr, arg-type]
         program = replace_block(program, b.replace(store=Store(b.store.tensor, b.store.indices, value)))
-    notes = tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
+    notes += tuple(f"reference point of the state: {ld}·{seen[ld].describe(loop)}, a running estimate of the "
                   f"plain sum {ld}; the state repair is exact for any reference that ends at {ld} itself, and "
                   "this one stays near the data (the partial sum does not), so the terms do not cancel"
                   for ld in (estimated if needs_repair else ()))
     fusion = Fusion("rolling_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(created), notes)
     return validate(program), fusion
+
+
+def _place_producer(program: Program, producer: str, block: str, loop_block: str, loop: str, what: str) -> Program:
+    """Producer ``producer`` placed under the loop as it is (``reverse_compute_at``); a refusal says which call
+    fuses it first when it reads running values itself (a chain fused out of order)."""
+    try:
+        return reverse_compute_at(program, block=producer, loop_block=loop_block, loop=loop)
+    except IllegalTransform as err:
+        if program.block(producer).reducer is None:
+            raise
+        raise IllegalTransform(
+            f"{what}: producer {producer!r} of block {block!r} is not under loop {loop!r} yet, and placing it there "
+            f"as it is fails; fuse the producer first, sch.rolling_update({producer!r}, "
+            f'sch.loop("{loop_block}", "{loop}")), then {block!r} (a chain is fused in program order). '
+            f"The placement said: {err}") from None
 
 
 def _privatized_hint(program: Program, block: str, producers: list[str], loop: str) -> str:

@@ -8,13 +8,18 @@ serialises to JSON, and replays on the original program to the same result.
 
 Loops are named: a :class:`LoopRef` is "the loop called ``name`` that encloses
 block ``block``", so handles stay meaningful across steps and in a printed trace.
+A handle follows its block when a later step privatizes it (``split_k_update``, ``rfactor``,
+a ``rolling_update`` over tiles): the reduction then runs in its partial ``B_rf`` while ``B``
+becomes the combine of the partials, so a handle ``(B, n)`` taken before that step means
+``(B_rf, n)`` after it (where ``B_rf`` has a loop ``n``), and the trace records it so.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from collections.abc import Callable, Sequence
+import functools
+from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from polyfuse.errors import IllegalTransform
@@ -32,10 +37,12 @@ from polyfuse.transforms.tree import loops_of
 
 @dataclass(frozen=True)
 class LoopRef:
-    """The loop named ``name`` enclosing block ``block``."""
+    """The loop named ``name`` enclosing block ``block``; ``taken`` is the number of schedule steps when the
+    facade handed it out (None for a handle written by hand: it means the current program)."""
 
     block: str
     name: str
+    taken: int | None = field(default=None, compare=False)
 
     def __repr__(self) -> str:
         return f'sch.loop("{self.block}", "{self.name}")'
@@ -104,6 +111,15 @@ class Trace:
         return self.python()
 
 
+def _follows_handles(method: Callable) -> Callable:
+    """A primitive that takes its loop handles as of now (:meth:`Schedule._current`)."""
+    @functools.wraps(method)
+    def primitive(self: Schedule, *args: Any, **kwargs: Any) -> Any:
+        return method(self, *(self._current(a) for a in args), **{k: self._current(v) for k, v in kwargs.items()})
+
+    return primitive
+
+
 class Schedule:
     """A program being scheduled, with the trace of what was done to it."""
 
@@ -112,6 +128,7 @@ class Schedule:
         self._program = program
         self._trace = Trace()
         self._fusions: list = []
+        self._privatized: list[dict[str, str]] = []  # per step: block -> its partial block created by the step
 
     # ------------------------------------------------------------ state
     @property
@@ -139,7 +156,7 @@ class Schedule:
 
     def get_loops(self, block: str) -> list[LoopRef]:
         """The loops enclosing ``block``, outermost first."""
-        return [LoopRef(block, lp.var.name) for lp in loops_of(self._program, self.get_block(block))]
+        return [LoopRef(block, lp.var.name, len(self._trace)) for lp in loops_of(self._program, self.get_block(block))]
 
     def loop(self, block: str, name: str) -> LoopRef:
         """The loop called ``name`` enclosing ``block``."""
@@ -178,11 +195,29 @@ class Schedule:
             raise IllegalTransform(f"sch.{primitive}: after it, {stray} outside the loop where compact_buffers "
                                    "allocated it (the tensor exists only per iteration of that loop); apply "
                                    f"{primitive} before compact_buffers")
+        before = {b.name for b in self._program.blocks()}
+        self._privatized.append({b: f"{b}_rf" for b in before if f"{b}_rf" not in before and any(
+            x.name == f"{b}_rf" for x in program.blocks())})
         self._program = program
         self._trace.steps.append(Step(primitive, tuple(args.items())))
         return result
 
+    def _current(self, ref: Any) -> Any:
+        """A handle (or a list of them) as of now: one taken before a step that privatized its block follows the
+        block's partial (see the module docstring); anything else as it is."""
+        if isinstance(ref, (list, tuple)):
+            return [self._current(r) for r in ref]
+        if not isinstance(ref, LoopRef) or ref.taken is None:
+            return ref
+        block = ref.block
+        for moved in self._privatized[ref.taken:]:
+            partial = moved.get(block)
+            if partial is not None and any(lp.var.name == ref.name for lp in loops_of(self._program, partial)):
+                block = partial
+        return LoopRef(block, ref.name, len(self._trace))
+
     # ------------------------------------------------------------ loop primitives
+    @_follows_handles
     def split(self, loop: LoopRef, factors: Sequence[int | None], names: Sequence[str] | None = None) -> list[LoopRef]:
         """Split ``loop`` by ``factors`` (one may be None); returns the new loops, outermost first."""
         args: dict[str, Any] = {"loop": loop, "factors": _listed("split", "factors", factors)}
@@ -194,14 +229,16 @@ class Schedule:
             new = _split(p, block=loop.block, loop=loop.name, factors=factors, names=names)
             return new, [lp.var.name for lp in loops_of(new, loop.block)[at:at + len(factors)]]
 
-        return [LoopRef(loop.block, n) for n in self._apply("split", args, run)]
+        return [LoopRef(loop.block, n, len(self._trace)) for n in self._apply("split", args, run)]
 
+    @_follows_handles
     def reorder(self, loops: Sequence[LoopRef]) -> None:
         """Permute loops of a perfect nest into the given order."""
         block = _one_block("reorder", loops)
         self._apply("reorder", {"loops": list(loops)},
                     lambda p: _reorder(p, block=block, loops=[r.name for r in loops]))
 
+    @_follows_handles
     def fuse(self, loops: Sequence[LoopRef], name: str | None = None) -> LoopRef:
         """Fuse consecutive perfectly nested loops into one; returns it."""
         block = _one_block("fuse", loops)
@@ -214,15 +251,17 @@ class Schedule:
             new = _fuse(p, block=block, loops=[r.name for r in loops], name=name)
             return new, loops_of(new, block)[at].var.name
 
-        return LoopRef(block, self._apply("fuse", args, run))
+        return LoopRef(block, self._apply("fuse", args, run), len(self._trace))
 
+    @_follows_handles
     def tile(self, loops: Sequence[LoopRef], sizes: Sequence[int]) -> list[LoopRef]:
         """Tile loops by ``sizes``: returns the tile loops then the intra-tile loops."""
         block = _one_block("tile", loops)
         names = self._apply("tile", {"loops": list(loops), "sizes": _listed("tile", "sizes", sizes)},
                             lambda p: _tile(p, block=block, loops=[r.name for r in loops], sizes=sizes))
-        return [LoopRef(block, n) for n in names]
+        return [LoopRef(block, n, len(self._trace)) for n in names]
 
+    @_follows_handles
     def annotate(self, loop: LoopRef, kind: str) -> None:
         """Mark a loop ``unrolled``, ``vectorized`` or ``parallel``."""
         self._apply("annotate", {"loop": loop, "kind": kind},
@@ -237,12 +276,14 @@ class Schedule:
     def parallel(self, loop: LoopRef) -> None:
         self.annotate(loop, PARALLEL)
 
+    @_follows_handles
     def warps(self, loop: LoopRef, warps: int) -> None:
         """Run the GPU kernel whose grid holds ``loop`` with ``warps`` warps per thread block (a launch hint;
         without it the device's default, :class:`~polyfuse.device.DeviceSpec`)."""
         self._apply("warps", {"loop": loop, "warps": warps},
                     lambda p: _set_warps(p, block=loop.block, loop=loop.name, warps=warps))
 
+    @_follows_handles
     def bind(self, loop: LoopRef, thread: str) -> None:
         """Bind a loop to a GPU index (``blockIdx.x`` … ``threadIdx.z``)."""
         self._apply("bind", {"loop": loop, "thread": thread},
@@ -250,7 +291,8 @@ class Schedule:
 
     # ------------------------------------------------------------ placement primitives
     # (compute_at, recompute_at, reverse_compute_at, compute_inline, reverse_compute_inline, cache_read,
-    #  cache_write, set_scope)
+    #  cache_write, set_scope, fuse_siblings)
+    @_follows_handles
     def compute_at(self, block: str, loop: LoopRef) -> None:
         """Move producer ``block`` under ``loop``, cut to the region one iteration reads (before its first reader)."""
         from polyfuse.transforms.compute_at import compute_at
@@ -258,6 +300,7 @@ class Schedule:
         self._apply("compute_at", {"block": block, "loop": loop},
                     lambda p: compute_at(p, block=block, loop_block=loop.block, loop=loop.name))
 
+    @_follows_handles
     def recompute_at(self, block: str, loop: LoopRef) -> None:
         """Like ``compute_at``, with one copy of producer ``block`` per iteration that needs its region
         (see :mod:`polyfuse.transforms.recompute`)."""
@@ -266,6 +309,7 @@ class Schedule:
         self._apply("recompute_at", {"block": block, "loop": loop},
                     lambda p: recompute_at(p, block=block, loop_block=loop.block, loop=loop.name))
 
+    @_follows_handles
     def reverse_compute_at(self, block: str, loop: LoopRef) -> None:
         """Move consumer ``block`` under ``loop``, cut to what one iteration produces (after its last producer)."""
         from polyfuse.transforms.compute_at import reverse_compute_at
@@ -305,8 +349,22 @@ class Schedule:
 
         self._apply("set_scope", {"block": block, "scope": scope}, lambda p: set_scope(p, block=block, scope=scope))
 
+    @_follows_handles
+    def fuse_siblings(self, block: str, loop: LoopRef) -> str:
+        """Run ``block`` under ``loop`` bound as the loop's block, which has the same iteration space and no
+        dependence on it (horizontal fusion: two statistics in one pass); see
+        :mod:`polyfuse.transforms.fuse_siblings`.  Returns ``block``: its name and the names of the loops
+        around the loop's block stay valid, and ``block``'s loops are now those (``sch.loop(block, name)``)."""
+        from polyfuse.transforms.fuse_siblings import fuse_siblings
+
+        def run(p: Program) -> tuple[Program, str]:
+            return fuse_siblings(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name), block
+
+        return self._apply("fuse_siblings", {"block": block, "loop": loop}, run)
+
     # ------------------------------------------------------------ reduction primitives
     # (decompose_reduction, rfactor / privatize)
+    @_follows_handles
     def decompose_reduction(self, block: str, loop: LoopRef) -> str:
         """Move ``block``'s init into a new block right before ``loop``; returns the init block's name."""
         from polyfuse.transforms.decompose import decompose_reduction
@@ -315,6 +373,7 @@ class Schedule:
         return self._apply("decompose_reduction", {"block": block, "loop": loop},
                            lambda p: decompose_reduction(p, block=block, loop=loop.name))
 
+    @_follows_handles
     def rfactor(self, loop: LoopRef, block: str | None = None, factor_axis: int | None = None) -> str:
         """Privatize a reduction over ``loop`` (Neptune's privatize); returns the new rf block's name.
 
@@ -341,29 +400,38 @@ class Schedule:
             raise IllegalTransform(f"{primitive}: {loop!r} does not enclose block {block!r}")
 
     # ------------------------------------------------------------ reduction fusion
-    def rolling_update(self, block: str, loop: LoopRef, approximate: bool = False) -> str:
+    @_follows_handles
+    def rolling_update(self, block: str, loop: LoopRef, approximate: bool = False,
+                       signs: Mapping[str, str] | None = None) -> str:
         """Fuse reduction ``block`` under ``loop`` with a derived repair (FlashAttention-like); see
-        :mod:`polyfuse.transforms.rolling_update`.  Returns the block that now holds the repaired update."""
+        :mod:`polyfuse.transforms.rolling_update`.  Returns the block that now holds the repaired update.
+
+        ``signs`` promises the sign of values the repair reads that the compiler cannot prove
+        (``{"r": "positive"}``; not checked at run time, see :mod:`polyfuse.transforms.signs`)."""
         from polyfuse.transforms.rolling_update import rolling_update
 
         args: dict[str, Any] = {"block": block, "loop": loop}
         if approximate:
             args["approximate"] = True
+        if signs:
+            args["signs"] = dict(signs)
 
         def run(p: Program) -> tuple[Program, str]:
             new, fusion = rolling_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
-                                         approximate=approximate)
+                                         approximate=approximate, signs=signs)
             self._fusions.append(fusion)
             return new, block
 
         return self._apply("rolling_update", args, run)
 
+    @_follows_handles
     def split_k_update(self, block: str, loop: LoopRef, approximate: bool = False,
-                       factor_axis: int | None = None) -> str:
+                       factor_axis: int | None = None, signs: Mapping[str, str] | None = None) -> str:
         """Fuse reduction ``block`` with its producers as partials over the split loop ``loop`` and a repaired
         combine (FlashDecoding-like); see :mod:`polyfuse.transforms.split_k_update`.  Returns the local block.
 
-        ``factor_axis`` places the split dimension in ``block``'s partial results (last by default)."""
+        ``factor_axis`` places the split dimension in ``block``'s partial results (last by default); ``signs``
+        as in :meth:`rolling_update`."""
         from polyfuse.transforms.split_k_update import split_k_update
 
         args: dict[str, Any] = {"block": block, "loop": loop}
@@ -371,10 +439,12 @@ class Schedule:
             args["approximate"] = True
         if factor_axis is not None:
             args["factor_axis"] = factor_axis
+        if signs:
+            args["signs"] = dict(signs)
 
         def run(p: Program) -> tuple[Program, str]:
             new, fusion = split_k_update(p, block=self.get_block(block), loop_block=loop.block, loop=loop.name,
-                                         approximate=approximate, factor_axis=factor_axis)
+                                         approximate=approximate, factor_axis=factor_axis, signs=signs)
             self._fusions.append(fusion)
             return new, fusion.created[0] if fusion.created else block
 

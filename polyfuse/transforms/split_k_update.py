@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from polyfuse import deps
 from polyfuse.deps.dependence import Dependence
@@ -77,13 +77,16 @@ from polyfuse.transforms.dataflow import (
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
+from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_split_loop
 from polyfuse.transforms.rfactor import read_partials, rfactor
+from polyfuse.transforms.signs import declared_signs
 from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of, replace_node
 
 
 def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
-                   approximate: bool = False, factor_axis: int | None = None) -> tuple[Program, Fusion]:
+                   approximate: bool = False, signs: Mapping[str, str] | None = None,
+                   factor_axis: int | None = None) -> tuple[Program, Fusion]:
     """Fuse reduction ``block`` with its producers as split partials over ``loop`` plus a repaired combine.
 
     ``factor_axis`` places the split dimension in the consumer's partial results (and its auxiliaries'),
@@ -119,25 +122,25 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
 
     # Step 3. Naive fusion of the consumer under the split loop: only temporal producer -> C edges may break.
     fresh = [p for p in producers if p not in local]
-    try:
-        program, broken = naive_reverse_compute_at(program, block=block, loop_block=anchor, loop=loop)
-    except IllegalTransform as err:
-        try:
-            if fresh:
-                program, broken = naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor,
-                                                     loop=loop, what=what)
-            else:
-                program, broken = _place_by_partials(program, block, local, anchor, loop, what)
-        except IllegalTransform as err2:
-            how = "a producer's reduction" if fresh else "the splits of its producers' partial results"
-            raise IllegalTransform(f"{err}\nand aligning it with {how} failed too: {err2}") from None
+    notes: list[str] = []
+    if not producers and not reads_under(program, block, anchor, loop):
+        # A sibling (nothing under the loop writes what it reads): it runs beside a block with its iteration
+        # space, and privatizing it (step 5) splits it like the others; no repair.
+        beside = sibling_anchor(program, block, anchor, loop)
+        program, broken = fuse_siblings(program, block=block, loop_block=beside, loop=loop, what=what), []
+        notes.append(f"sibling of block {beside!r}: no dependence between them, split over the same loop "
+                     "(fuse_siblings, then privatized)")
+    else:
+        program, broken = _naive_place(program, block, fresh, local, anchor, loop, what)
     stray = [d for d in broken if d.sink != block or d.source not in producers]
     if stray:
         raise IllegalTransform(f"{what}: naive fusion breaks a dependence no repair covers: {stray[0]}")
     require_split_loop(program, [*fresh, block], loop_block=anchor, loop=loop, what=what)
 
     # Step 4. The repair, from the consumer's own term; a state repair's auxiliary reductions join the consumer.
-    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what)
+    r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
+                                         signs=declared_signs(program, signs, what),
+                                         call=("split_k_update", f'sch.loop("{loop_block}", "{loop}")'))
     aux_blocks: list[str] = []
     counts: dict[str, Expr] = {}
     if repair is not None and repair.auxiliaries:
@@ -192,10 +195,10 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
             partial_reads[name][ld]: surrogate(partial_reads[name][ld]) for ld in surrogates}))
 
     references: dict[Load, Callable[[Load], Expr]] = {}
-    notes: list[str] = []
     if repair is not None and repair.auxiliaries:
-        program, references, seen, notes = _references(program, r_loads, tensors, counts, c_rf, loop)
+        program, references, seen, state_notes = _references(program, r_loads, tensors, counts, c_rf, loop)
         created += seen
+        notes += state_notes
     for name in locals_:
         refs = {pl: references[ld](pl) for ld, pl in partial_reads[name].items() if ld in references}
         if refs:
@@ -223,6 +226,23 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     fusion = Fusion("split_k_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
                     tuple(dict.fromkeys(created)), tuple(notes))
     return validate(program), fusion
+
+
+def _naive_place(program: Program, block: str, fresh: list[str], local: dict[str, tuple[str, Load]], anchor: str,
+                 loop: str, what: str) -> tuple[Program, list[Dependence]]:
+    """Step 3's naive fusion of a consumer with producers: after the writers it reads under the loop, else
+    aligned with a fresh producer's reduction, else cut by its producers' partials."""
+    try:
+        return naive_reverse_compute_at(program, block=block, loop_block=anchor, loop=loop)
+    except IllegalTransform as err:
+        try:
+            if fresh:
+                return naive_fuse_aligned(program, block=block, producers=fresh, loop_block=anchor, loop=loop,
+                                          what=what)
+            return _place_by_partials(program, block, local, anchor, loop, what)
+        except IllegalTransform as err2:
+            how = "a producer's reduction" if fresh else "the splits of its producers' partial results"
+            raise IllegalTransform(f"{err}\nand aligning it with {how} failed too: {err2}") from None
 
 
 def _place_by_partials(program: Program, block: str, local: dict[str, tuple[str, Load]], anchor: str, loop: str,
