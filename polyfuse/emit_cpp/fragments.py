@@ -94,7 +94,7 @@ BARRIER_BYTES = 2 * STAGES * 8
 """A producer warpgroup's mbarriers: ``full`` and ``empty`` of each stage, 8 bytes each."""
 PRODUCER_WARPS = 4
 """The producer is a warpgroup: ``setmaxnreg`` gives registers back per warpgroup."""
-PRODUCER_REGISTERS = 40
+PRODUCER_REGISTERS = 24
 """Registers a producer thread keeps (``setmaxnreg.dec``): addresses and counters of its copies."""
 SUBPARTITION_REGISTERS = 16384
 """Registers of one of an SM's four sub-partitions (sm_90): each warp lives in one, so a block of
