@@ -11,8 +11,8 @@ it is printed instead as:
    elements, then the pending reductions are combined in *one* block reduction (a butterfly of shuffles per
    warp, one partial per warp in shared memory, one barrier; every thread combines the partials in warp order,
    so all hold the same result) as late as possible — just before the first statement that reads one of
-   them; so the independent reductions of a pass (``rmsnorm_amax``'s none, ``l2norm``'s none, but two
-   statistics read only afterwards) share one barrier;
+   them, so that independent reductions share one barrier; a reduction nested in another (``sum_sum``'s
+   scale inside its second sum) is combined first, one level at a time;
 3. an elementwise row statement computes into registers; its row is written with 16-byte stores if it is not
    a temporary of the block (``softmax``'s ``xexp`` lives in registers only, never in shared memory);
    a scalar statement is computed by every thread and written by thread 0.
