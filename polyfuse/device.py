@@ -48,7 +48,7 @@ class DeviceSpec:
 
     def blocks_per_sm(self, shared_bytes: int) -> int:
         """How many blocks of ``shared_bytes`` of shared memory fit on one SM (by shared memory alone)."""
-        return self.shared_per_sm // (shared_bytes + self.shared_reserved)
+        return self.shared_per_sm // max(1, shared_bytes + self.shared_reserved)  # (none at all: no bound)
 
     @property
     def features(self) -> tuple[str, ...]:

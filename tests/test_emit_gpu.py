@@ -39,14 +39,18 @@ WERROR = CompileOptions(werror=True)
 SHARED_PATH = CUDA.with_options(fragment_loops=False)
 """CUDA with attention's key loop printed statement by statement through shared memory (the path every loop
 that does not run in warp fragments takes): the tests of that path's staging, epilogues and row groups."""
+ROLLING = CUDA.with_options(rows_on_chip=False)
+"""CUDA with rows rolled over chunks even where they fit on chip (the path of rows too long for registers)."""
 OLD_TILE = GpuTuning(prefill_tile=(32, 64), prefill_min_rows=16, prefill_wgmma_keys=64)
 """Prefill tiles of at most 32 query rows (8 warps share each tile: the shared-memory path's measured best)."""
 
 
-def _tiles(name: str, mode: str, target: str = "cuda", tuning: GpuTuning | None = None, **sizes: int):
+def _tiles(name: str, mode: str, target: str = "cuda", tuning: GpuTuning | None = None,
+           options: CodegenOptions | None = None, **sizes: int):
     op = ops.get(name)
     sizes = {**op.sizes(mode), **sizes}
-    return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target, tuning=tuning).program)
+    return to_tiles(default_schedule(name, mode, op.program(mode, **sizes), target=target, tuning=tuning,
+                                     options=options).program)
 
 
 @pytest.fixture(scope="session")
@@ -287,7 +291,7 @@ def test_launch_errors_name_the_argument(decode_kernel):
 def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
     # Rolling variance over row tiles leaves the auxiliary partial sums in one inner loop; fission
     # turns each into a tile reduction instead of a scalar loop run by one thread.
-    program = _tiles("variance", "default", L=4096)
+    program = _tiles("variance", "default", options=ROLLING.options, L=4096)
     assert "for j_1 in range" not in str(program)
     assert str(program).count("reduce_sum(") >= 3
 
@@ -354,7 +358,7 @@ def _statement(text: str, block: str) -> str:
 def test_small_output_dots_are_block_reductions():
     # rmsnorm's Σx² is a 1-output dot over the row: a block reduction with vector loads, not a
     # staging of both operands for one thread's serial loop.
-    text = emit(_tiles("rmsnorm_amax", "default", M=8192), CUDA).text
+    text = emit(_tiles("rmsnorm_amax", "default", options=ROLLING.options, M=8192), ROLLING).text
     ssq = _statement(text, "s_ssq")
     assert "pf::shfl_xor" in ssq and "uint4" in ssq
     assert "pf_fa" not in ssq and "pf_fb" not in ssq

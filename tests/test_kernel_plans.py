@@ -14,7 +14,7 @@ import pytest
 
 from polyfuse import ops
 from polyfuse.device import PRESETS, preset
-from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan
+from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan, onchip
 from polyfuse.emit_cpp.dotplan import (
     BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PANEL, PER_OUTPUT, WGMMA, DotPlan, LdmatrixFragment,
 )
@@ -75,9 +75,11 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
     for k in plan.kernels:
         assert k.peak <= device.shared_per_block
         fragments = _fragments(k)
-        # a loop in warp fragments asks for a warp per 16 rows of its tiles (and a producer warpgroup)
+        # a loop in warp fragments asks for a warp per 16 rows of its tiles (and a producer warpgroup); a short
+        # row kept on chip as few warps as hold it (polyfuse.emit_cpp.onchip.warps_for)
+        on_chip = onchip.warps_for(onchip.body_stores(k.nest.body), device, CodegenOptions())
         warps = (-(-fragments[0].rows // 16) + 4 * fragments[0].producer if fragments
-                 else k.nest.warps or device.default_warps)
+                 else k.nest.warps or on_chip or device.default_warps)
         assert k.threads == warps * 32 or k.nest.kind == "map"
         if k.nest.kind != "map":
             # by shared memory; a loop in warp fragments also bounds the blocks by its registers

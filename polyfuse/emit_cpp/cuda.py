@@ -34,7 +34,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -536,7 +536,10 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.line(f"for (int pf_z = pf_tid; pf_z < {words}; pf_z += {self.threads}) "
                       f"reinterpret_cast<uint32_t*>(pf_smem)[pf_z] = 0u;")
             self.barrier()
-        self.stmt(nest.body)
+        if isinstance(plan.rows, onchip.RowsOnChip):
+            onchip.emit(self, plan.rows)
+        else:
+            self.stmt(nest.body)
         self.depth -= 1
         self.line("}")
         self.line("")

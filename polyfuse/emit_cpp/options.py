@@ -56,6 +56,9 @@ class CodegenOptions:
     warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
+    ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
+    reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
+    (:mod:`~polyfuse.emit_cpp.onchip`); the default GPU schedules then do not roll such rows over chunks.
     """
 
     fast_exp: bool = True
@@ -85,6 +88,8 @@ class CodegenOptions:
     reduce_chains: int = 4
     warpgroup_products: bool = True
     producer_warp: bool = True
+    rows_on_chip: bool = True
+    row_registers: int = 64
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
-from polyfuse.emit_cpp import fragments, presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.fragments import BARRIER_BYTES
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
@@ -131,6 +131,8 @@ class KernelPlan:
     loops: Mapping[int, LoopPlan] = field(default_factory=dict)
     seqs: Mapping[int, tuple[Stmt | rows.RowGroup, ...]] = field(default_factory=dict)
     stmts: Mapping[int, StmtPlan] = field(default_factory=dict)
+    rows: onchip.RowsOnChip | str = ""
+    """The kernel's rows kept on chip (:mod:`~polyfuse.emit_cpp.onchip`), else why they stay in memory."""
 
     def describe(self) -> str:
         return "\n".join(_describe_kernel(self))
@@ -180,7 +182,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     def threads_of(nest: GridNest) -> int:
         if nest.kind == MAP:
             return options.map_threads
-        warps = nest.warps or options.warps
+        warps = nest.warps or options.warps or onchip.warps_for(onchip.body_stores(nest.body), device, options)
         if warps is None:
             default = Frame({}, device.default_warps * device.warp_size, device.warp_size, tensor_cores, options,
                             tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma)
@@ -205,9 +207,9 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     block may have, and refused (UnsupportedPattern) where it still does."""
     if nest.kind == MAP:
         return KernelPlan(name, nest, frame.threads, frame.warp)
-    plan = _Planner(nest, name, frame, keep_tiles=True).run()
+    plan = _Planner(nest, name, frame, True, device).run()
     if plan.peak > device.shared_per_block:
-        plan = _Planner(nest, name, frame, keep_tiles=False).run()
+        plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
         largest = max(plan.stmts.values(), key=lambda p: p.at + p.scratch, default=None)
         where = (f"; the most at block {largest.block!r} ({largest.scratch} bytes of its own after "
@@ -256,8 +258,8 @@ class _Planner:
     the shared memory each takes (a stack: a statement's scratch is freed after it, a loop's buffers after
     the loop)."""
 
-    def __init__(self, nest: GridNest, name: str, frame: Frame, keep_tiles: bool):
-        self.nest, self.name, self.frame, self.keep_tiles = nest, name, frame, keep_tiles
+    def __init__(self, nest: GridNest, name: str, frame: Frame, keep_tiles: bool, device: DeviceSpec):
+        self.nest, self.name, self.frame, self.keep_tiles, self.device = nest, name, frame, keep_tiles, device
         self.scratch = self.peak = 0
         self.shared_names = set(frame.shared_names)
         self.loops: dict[int, LoopPlan] = {}
@@ -289,10 +291,14 @@ class _Planner:
     def run(self) -> KernelPlan:
         shared = []
         self.units = fragments.units(self.frame, self.nest.body)
-        in_registers = fragments.registers_only(self.frame, self.nest.body)
+        in_registers = set(fragments.registers_only(self.frame, self.nest.body))
+        stores = onchip.body_stores(self.nest.body)
+        rows_on_chip = self.rows_on_chip(stores, lambda nbytes: 0)
+        if isinstance(rows_on_chip, onchip.RowsOnChip):
+            in_registers |= rows_on_chip.kept
         for t in self.nest.shared:
             if t in in_registers:
-                continue  # a tile of a loop in warp fragments that no other statement reads: registers only
+                continue  # a tile of a loop in warp fragments, or a row on chip, that only registers hold
             tensor = self.frame.tensors[t]
             size = static_numel(tensor)
             if size is None:
@@ -310,9 +316,17 @@ class _Planner:
                 size = size // dims[inner] * pitch
             shared.append(SharedTemporary(t, ctype, size * SIZEOF[ctype], self.scratch, padded, pitch))
             self.take(size * SIZEOF[ctype])
-        self.stmt(self.nest.body)
+        if isinstance(rows_on_chip, onchip.RowsOnChip):
+            rows_on_chip = self.rows_on_chip(stores, self.take)
+        else:
+            self.stmt(self.nest.body)
         return KernelPlan(self.name, self.nest, self.frame.threads, self.frame.warp, tuple(shared), self.peak,
-                          keeps_tiles=self.keep_tiles, loops=self.loops, seqs=self.seqs, stmts=self.stmts)
+                          keeps_tiles=self.keep_tiles, loops=self.loops, seqs=self.seqs, stmts=self.stmts,
+                          rows=rows_on_chip)
+
+    def rows_on_chip(self, stores: list[TileStore] | None, take: Callable[[int], int]) -> onchip.RowsOnChip | str:
+        f = self.frame
+        return onchip.plan(stores, f.threads, f.warp, frozenset(self.nest.shared), self.device, f.options, take)
 
     # ------------------------------------------------------------ statements
     def stmt(self, s: Stmt) -> None:
@@ -616,6 +630,10 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
         lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
+    if isinstance(k.rows, onchip.RowsOnChip):
+        lines += [f"  {t}" for t in k.rows.describe()]
+        return lines
+    lines.append(f"  rows in memory: {k.rows}")
     _describe_stmt(k, nest.body, lines, "  ")
     return lines
 

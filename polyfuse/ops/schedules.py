@@ -34,9 +34,12 @@ from dataclasses import dataclass
 
 from polyfuse.device import DeviceSpec, for_backend
 from polyfuse.emit_cpp import Target, gpu_plan
+from polyfuse.emit_cpp.onchip import RowsOnChip
+from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.errors import PolyfuseError, UnsupportedPattern
 from polyfuse.ir.stmt import Loop, Program, Seq, Stmt, Tensor
 from polyfuse.ir.visit import loads
+from polyfuse.tiling.grid import MAP
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.tiling import to_tiles
 from polyfuse.tiling.skip import skip_masked_tiles
@@ -482,7 +485,8 @@ def _top_level(stmt: Stmt) -> list[Stmt]:
 
 
 def default_schedule(name: str, mode: str, program: Program, target: str = "cpp", *,
-                     device: DeviceSpec | None = None, tuning: GpuTuning | None = None) -> Schedule:
+                     device: DeviceSpec | None = None, tuning: GpuTuning | None = None,
+                     options: CodegenOptions | None = None) -> Schedule:
     """The operator's fused schedule applied to ``program`` (its plain program at some sizes).
 
     ``target`` (``cpp``, ``cuda``, ``hip``) picks the plan and its tile sizes (see the module docstring).
@@ -491,7 +495,9 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
     choices of ``tuning`` (default: :class:`GpuTuning`'s); the host target reads neither.  The tuning's tiles
     are sized for ``tuning.shared_bytes`` of shared memory per block; on a device with less (gfx90a's 64 KB),
     the schedule is planned for the device and its tiles halved (:meth:`GpuTuning.smaller`) until every
-    kernel fits.
+    kernel fits.  A row operator's rows stay on chip, not rolled over chunks, where the code generator with
+    ``options`` (default: :class:`~polyfuse.emit_cpp.options.CodegenOptions`'s; build with the same) keeps
+    every row in registers (:mod:`~polyfuse.emit_cpp.onchip`); ``rows_on_chip=False`` always rolls.
     """
     plan = _PLANS.get((name, mode))
     if plan is None:
@@ -504,7 +510,7 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
     device = device or for_backend(target)
     tuning = tuning or GpuTuning()
     while True:
-        sch = _gpu_schedule(program, plan, device, tuning)
+        sch = _gpu_schedule(program, plan, device, tuning, target, options)
         if device.shared_per_block >= tuning.shared_bytes or _fits(sch, target, device):
             return sch
         smaller = tuning.smaller()
@@ -513,7 +519,38 @@ def default_schedule(name: str, mode: str, program: Program, target: str = "cpp"
         tuning = smaller
 
 
-def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: GpuTuning) -> Schedule:
+def _rows_on_chip(program: Program, plan: _Plan, backend: str, device: DeviceSpec,
+                  options: CodegenOptions) -> Schedule | None:
+    """The rolling plan's fusion without rolling (every block moved into the producer's row loop), where the
+    code generator keeps every kernel's rows on chip (:mod:`~polyfuse.emit_cpp.onchip`); None where a row does
+    not fit (then the rows roll over chunks)."""
+    if not options.rows_on_chip or hasattr(plan, "gpu") or not hasattr(plan, "rolling"):
+        return None
+    _, producer, _ = plan.rolling  # type: ignore[attr-defined]
+    sch = Schedule(program)
+    row = sch.get_loops(producer)[0]
+    for block in [b.name for b in program.blocks() if b.name != producer]:
+        try:
+            sch.reverse_compute_at(block, row)
+        except PolyfuseError:
+            return None
+    sch.compact_buffers()
+    try:
+        _, planned = gpu_plan(skip_masked_tiles(to_tiles(sch.program)), Target(backend, device, options))
+    except PolyfuseError:
+        return None
+    if all(k.nest.kind == MAP or isinstance(k.rows, RowsOnChip) for k in planned.kernels):
+        return sch
+    return None
+
+
+def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: GpuTuning,
+                  backend: str = "cuda", options: CodegenOptions | None = None) -> Schedule:
+    on_chip = _rows_on_chip(program, plan, backend, device, options or CodegenOptions())
+    if on_chip is not None:
+        if tuning.warps is not None:
+            _ask_warps(on_chip, tuning.warps)
+        return on_chip
     sch = Schedule(program)
     try:
         _gpu_plan(sch, plan, device, tuning)
