@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 
 from polyfuse import __version__
-from polyfuse.cli import commands, demo, dump
+from polyfuse.cli import bench, commands, demo, dump
 from polyfuse.cli.commands import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, PolyfuseError
@@ -111,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=commands.cache)
 
     p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[common])
-    p.add_argument("op", help="operator name")
-    p.set_defaults(run=commands.bench)
+    bench.add_arguments(p)
+    p.set_defaults(run=bench.bench)
     return parser
 
 
@@ -123,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a usage error (2)
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    args.command_line = ["polyfuse", *(sys.argv[1:] if argv is None else argv)]
     try:
         return args.run(args)
     except PolyfuseError as err:
