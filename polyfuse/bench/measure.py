@@ -31,12 +31,11 @@ import numpy as np
 from polyfuse import ops
 from polyfuse.bench import baselines
 from polyfuse.bench.cases import Case
+from polyfuse.runtime.gpu import TORCH_DTYPES
 
 DEVICE = "cuda"
 REF_ELEMENTS = 1 << 24
 """Largest float64 array (elements) the NumPy attention reference may build before it runs on a subset."""
-TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
-                "i64": "int64", "bool": "bool", "fp8e4m3": "float8_e4m3fn"}
 NUMPY_VIEWS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn")}
 """ml_dtypes arrays PyTorch cannot take directly: (NumPy view dtype, torch dtype)."""
 
