@@ -183,9 +183,9 @@ def test_decode_attention_with_scratch_under_torch_compile():
     attention = custom_op(build(default_schedule("attn_causal", "decode", op.program("decode", **sizes),
                                                  target="cuda"), "cuda"))
     inputs = op.inputs(0, "decode", sizes)
-    q, k, v = (torch.from_numpy(inputs[n]).cuda() for n in ("q", "k", "v"))
-    compiled = torch.compile(lambda q, k, v: attention(q, k, v).float(), fullgraph=True)
-    got = compiled(q, k, v).cpu().numpy()
+    tensors = [torch.from_numpy(inputs[a.name]).cuda() for a in attention.kernel.inputs]
+    compiled = torch.compile(lambda *ts: attention(*ts).float(), fullgraph=True)
+    got = compiled(*tensors).cpu().numpy()
     reference = op.reference(inputs, "decode", sizes)["out"]
     assert ops.compare({"out": got}, {"out": reference}, op.tolerance("decode", sizes)).ok
 

@@ -52,6 +52,7 @@ class GpuKernel(KernelBase):
         super().__init__(source, sizes, options)
         self.image = image
         self.loader = loader
+        self._modules: dict[int, Any] = {}  # kept alive: pycuda unloads a module it frees
         self._functions: dict[int, list] = {}
         self._functions_on(loader)
         self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
@@ -63,7 +64,7 @@ class GpuKernel(KernelBase):
     def _functions_on(self, driver: Loader) -> list:
         """The kernel's functions in the image loaded onto ``driver``'s device (loaded once per device)."""
         if driver.ordinal not in self._functions:
-            module = driver.load(self.image.read_bytes())
+            module = self._modules[driver.ordinal] = driver.load(self.image.read_bytes())
             self._functions[driver.ordinal] = [driver.function(module, launch.kernel, launch.shared)
                                                for launch in self.kernel_source.launches]
         return self._functions[driver.ordinal]
