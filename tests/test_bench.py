@@ -34,11 +34,12 @@ def test_the_command_parses_its_options():
     assert (str(args.out), args.loader, args.warmup, args.rep, args.seed) == ("here", "cuda-python", 5.0, 20.0, 3)
 
 
-def test_without_torch_it_exits_4_in_one_line(capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch fails, find_spec says it is not installed
+def test_without_the_bench_extra_it_exits_4_in_one_line(capsys, monkeypatch):
+    for name in ("torch", "tqdm", "matplotlib"):  # import fails, find_spec says it is not installed
+        monkeypatch.setitem(sys.modules, name, None)
     code, out, err = cli(capsys, "bench", "softmax", "--sweep")
     assert code == 4 and out == ""
-    assert err == "polyfuse: bench needs torch, not installed here (pip install 'polyfuse[bench]')\n"
+    assert err == "polyfuse: bench needs torch, tqdm, matplotlib, not installed here (pip install 'polyfuse[bench]')\n"
 
 
 def test_without_a_gpu_it_exits_4_in_one_line(capsys):
