@@ -197,11 +197,6 @@ def test_unavailable_backend_exits_4(capsys, backend):
     assert code == 4 and f"backend {backend} is not available" in err
 
 
-def test_bench_is_not_there_yet_exit_4(capsys):
-    code, _, err = cli(capsys, "bench", "softmax")
-    assert code == 4 and "bench is not available yet in this version" in err
-
-
 def test_dump_prints_the_stages_of_a_users_schedule(capsys, tmp_path):
     mine = tmp_path / "mine.py"
     mine.write_text("from polyfuse import ops\nfrom polyfuse.ops.schedules import default_schedule\n\n"

@@ -22,14 +22,14 @@ from polyfuse.emit_cpp import CUDA, HIP, emit
 from polyfuse.tiling.grid import CTA, partition
 from polyfuse.emit_cpp.dotplan import Frame, exact_low, k_groups
 from polyfuse.emit_cpp.options import CodegenOptions
-from polyfuse.errors import LaunchError, NoRepairFound, UnsupportedPattern
+from polyfuse.errors import BackendUnavailable, LaunchError, NoRepairFound, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.runtime.compiler import HEADERS_DIR, CompileOptions
 from polyfuse.runtime.gpu import GpuKernel
 from polyfuse.runtime.gpu_compiler import compile_gpu
-from polyfuse.runtime.loaders import Loader
+from polyfuse.runtime.loaders import Loader, PyCuda
 from polyfuse.tiling import to_tiles
 
 FUSED = [(n, m) for n in ops.names() for m in ops.get(n).modes if has_default_schedule(n, m) and n != "quant_gemm_fp8"]
@@ -230,7 +230,7 @@ class RecordingLoader(Loader):
         return name
 
     def launch(self, fn, blocks, threads, shared, pointers, sizes, stream=0):
-        self.launches.append((fn, blocks, threads, shared, len(pointers), tuple(sizes)))
+        self.launches.append((fn, blocks, threads, shared, len(pointers), tuple(sizes), stream))
 
     def alloc(self, nbytes):
         buf = np.zeros(max(1, nbytes), np.uint8)
@@ -269,6 +269,23 @@ def test_launches_every_kernel_in_order_with_scratch(decode_kernel):
     n_args = len(kernel.kernel_source.args)
     assert all(x[4] == n_args for x in loader.launches)  # inputs, outputs and global scratch
     assert loader.launches[0][1] == 2 * 2 * 1 * 3  # one block per (b, h, i, split)
+
+
+def test_a_launch_goes_to_the_stream_it_is_given(decode_kernel):
+    kernel, loader = decode_kernel
+    op = ops.get("attn_causal")
+    inputs = op.inputs(0, "decode", op.sizes("decode"), 1.0)
+    kernel(*inputs.values())
+    kernel.launch(tuple(inputs.values()), {}, stream=1234)
+    count = len(kernel.kernel_source.launches)
+    assert [x[6] for x in loader.launches] == [0] * count + [1234] * count
+
+
+def test_pycuda_launches_on_the_default_stream_of_device_0_only():
+    with pytest.raises(LaunchError, match="launches on the default stream only; build with loader='cuda-python'"):
+        PyCuda.__new__(PyCuda).launch("fn", 1, 32, 0, [], [], stream=1234)
+    with pytest.raises(BackendUnavailable, match="the pycuda loader runs on device 0 only"):
+        PyCuda(1)
 
 
 def test_launch_errors_name_the_argument(decode_kernel):

@@ -13,7 +13,7 @@ import traceback
 from collections.abc import Sequence
 
 from polyfuse import __version__
-from polyfuse.cli import commands, demo, dump
+from polyfuse.cli import bench, commands, demo, dump
 from polyfuse.cli.commands import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, PolyfuseError
@@ -38,12 +38,13 @@ def _debug_option() -> argparse.ArgumentParser:
     return parent
 
 
-def _operator_options(debug: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def _operator_options(debug: argparse.ArgumentParser,
+                      mode_help: str = "prefill or decode for attention operators (default: the operator's first "
+                                       "mode)") -> argparse.ArgumentParser:
     parent = argparse.ArgumentParser(add_help=False, parents=[debug])
     parent.add_argument("--set", action="append", type=size_assignment, default=[], metavar="NAME=VALUE",
                         help="override one of the operator's sizes (repeatable), e.g. --set S=2048")
-    parent.add_argument("--mode", metavar="MODE",
-                        help="prefill or decode for attention operators (default: the operator's first mode)")
+    parent.add_argument("--mode", metavar="MODE", help=mode_help)
     return parent
 
 
@@ -110,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", nargs="?", choices=("info", "clear"), default="info", help="default: info")
     p.set_defaults(run=commands.cache)
 
-    p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[common])
-    p.add_argument("op", help="operator name")
-    p.set_defaults(run=commands.bench)
+    bench_options = _operator_options(debug, "one mode or preset key, e.g. decode_b32 (default: every preset)")
+    p = sub.add_parser("bench", help="GPU benchmark against PyTorch baselines", parents=[bench_options])
+    bench.add_arguments(p)
+    p.set_defaults(run=bench.bench)
     return parser
 
 
@@ -123,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as stop:  # --help, --version, or a usage error (2)
         return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    args.command_line = ["polyfuse", *(sys.argv[1:] if argv is None else argv)]
     try:
         return args.run(args)
     except PolyfuseError as err:

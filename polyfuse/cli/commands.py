@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 
 from polyfuse import ops
-from polyfuse.cli.stages import NotAvailable, Subject, check_backend, gpu_stage, require_backend, require_stage
+from polyfuse.cli.stages import Subject, check_backend, gpu_stage, require_backend, require_stage
 from polyfuse.errors import PolyfuseError
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED, EXIT_UNAVAILABLE = 0, 1, 2, 3, 4
@@ -118,7 +118,3 @@ def cache(args: argparse.Namespace) -> int:
     else:
         print(cache_info())
     return EXIT_OK
-
-
-def bench(args: argparse.Namespace) -> int:
-    raise NotAvailable("bench is not available yet in this version")

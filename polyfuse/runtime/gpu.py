@@ -3,7 +3,9 @@
 Arrays on the device — PyTorch tensors, and anything with ``__cuda_array_interface__`` (CuPy,
 Numba) — are used in place, zero-copy; the outputs then come back as arrays of the same
 framework on the same device, and nothing waits for the GPU (launches are asynchronous, on the
-default stream).  NumPy arrays are copied to the device and the outputs copied back.  Every
+default stream, or the stream :meth:`GpuKernel.launch` is given).  PyTorch tensors on another
+device than the loader's run there (the image is loaded onto each device it is used on).  NumPy
+arrays are copied to the loader's device and the outputs copied back.  Every
 argument is checked before anything is launched, as on the host (:mod:`polyfuse.runtime.kernel`):
 count, kind and device, dtype, shape, C-contiguity; a mismatch raises
 :class:`~polyfuse.errors.LaunchError` naming the argument.
@@ -24,10 +26,11 @@ from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.interpreter import check_promises
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.kernel import KernelBase
-from polyfuse.runtime.loaders import Loader
+from polyfuse.runtime.loaders import Loader, loader
 
-_TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
-                 "i64": "int64", "bool": "bool", "fp8e4m3": "float8_e4m3fn"}
+TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
+                "i64": "int64", "bool": "bool", "fp8e4m3": "float8_e4m3fn"}
+"""The PyTorch dtype (``torch.NAME``) of each polyfuse dtype."""
 
 
 @dataclass
@@ -49,38 +52,64 @@ class GpuKernel(KernelBase):
         super().__init__(source, sizes, options)
         self.image = image
         self.loader = loader
-        module = loader.load(image.read_bytes())
-        self._module = module
-        self._functions = [loader.function(module, launch.kernel, launch.shared) for launch in source.launches]
+        self._modules: dict[int, Any] = {}  # kept alive: pycuda unloads a module it frees
+        self._functions: dict[int, list] = {}
+        self._functions_on(loader)
         self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
         self._scratch: dict[tuple, list] = {}
 
     def __repr__(self) -> str:
-        return f"GpuKernel({self.signature}, {len(self._functions)} launch(es) via {self.loader.name})"
+        return f"GpuKernel({self.signature}, {len(self.kernel_source.launches)} launch(es) via {self.loader.name})"
+
+    def _functions_on(self, driver: Loader) -> list:
+        """The kernel's functions in the image loaded onto ``driver``'s device (loaded once per device)."""
+        if driver.ordinal not in self._functions:
+            module = self._modules[driver.ordinal] = driver.load(self.image.read_bytes())
+            self._functions[driver.ordinal] = [driver.function(module, launch.kernel, launch.shared)
+                                               for launch in self.kernel_source.launches]
+        return self._functions[driver.ordinal]
+
+    def _driver_for(self, described: list[_Device]) -> Loader:
+        """The loader of the device the arrays are on: that of the PyTorch tensors' device, else the kernel's."""
+        ordinals = {d.owner.device.index for d in described if d.framework == "torch"}
+        if len(ordinals) > 1:
+            raise LaunchError(f"kernel {self.name}: the tensors are on several devices (cuda:"
+                              f"{', cuda:'.join(map(str, sorted(ordinals)))}); pass them on one")
+        ordinal = ordinals.pop() if ordinals else self.loader.ordinal
+        if ordinal == self.loader.ordinal:
+            return self.loader
+        if any(d.framework != "torch" for d in described):
+            raise LaunchError(f"kernel {self.name}: the tensors are on cuda:{ordinal}; other arrays are copied to "
+                              f"or live on device {self.loader.ordinal}: pass tensors on cuda:{ordinal} only")
+        return loader(self.loader.backend, self.loader.name, ordinal)
 
     def synchronize(self) -> None:
         """Wait for every launch so far (errors inside kernels surface here)."""
         self.loader.synchronize()
 
     # ------------------------------------------------------------------ launch
-    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int]) -> list:
+    def launch(self, arrays: tuple[object, ...], sizes: Mapping[str, int], stream: int = 0) -> list:
+        """Check, then launch every kernel on ``stream`` (a driver stream handle of the arrays' device, e.g.
+        ``torch.cuda.current_stream().cuda_stream``; 0: the legacy default stream)."""
         self.check_counts(arrays, sizes)
         n_in, n_all = len(self.inputs), len(self.inputs) + len(self.outputs)
         described = [_describe(x, spec) for x, spec in zip(arrays, self.kernel_source.args, strict=False)]
         values = self.resolve_sizes([d.shape for d in described[:n_in]], sizes)
         for d, spec in zip(described, self.kernel_source.args, strict=False):
             _check(d, spec, values)
+        driver = self._driver_for(described)
+        functions = self._functions_on(driver)
         framework = next((d for d in described if d.framework != "numpy"), None)
         device = [self._on_device(d, spec) for d, spec in zip(described, self.kernel_source.args, strict=False)]
         if len(described) == n_in:
             device += [self._fresh(spec, values, framework) for spec in self.outputs]
-        scratch = self._scratch_for(values)
+        scratch = self._scratch_for(values, driver)
         pointers = [d.pointer for d in device] + scratch
         size_args = [values[s] for s in self.kernel_source.sizes]
-        for fn, launch in zip(self._functions, self.kernel_source.launches, strict=True):
+        for fn, launch in zip(functions, self.kernel_source.launches, strict=True):
             blocks = evaluate(launch.blocks, values)
             if blocks > 0:
-                self.loader.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args)
+                driver.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args, stream)
         results = []
         for k in range(len(self.outputs)):
             given, on_device = (described[n_in + k] if len(described) == n_all else None), device[n_in + k]
@@ -113,7 +142,7 @@ class GpuKernel(KernelBase):
         if like is not None and like.framework == "torch":
             import torch
 
-            t = torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[spec.dtype.name]), device=like.owner.device)
+            t = torch.empty(shape, dtype=getattr(torch, TORCH_DTYPES[spec.dtype.name]), device=like.owner.device)
             return _Device(t.data_ptr(), shape, spec.dtype.name, t, "torch")
         if like is not None and like.framework == "cai" and type(like.owner).__module__.startswith("cupy"):
             import cupy
@@ -124,13 +153,15 @@ class GpuKernel(KernelBase):
         pointer, owner = self.loader.alloc(host.nbytes)
         return _Device(pointer, shape, spec.dtype.name, (owner, host), "numpy-out")
 
-    def _scratch_for(self, sizes: Mapping[str, int]) -> list[int]:
-        key = tuple(sorted(sizes.items()))
+    def _scratch_for(self, sizes: Mapping[str, int], driver: Loader) -> list[int]:
+        """The scratch buffers of ``sizes`` on ``driver``'s device, allocated at the first call with those sizes
+        (a CUDA graph captures only calls after that one)."""
+        key = (driver.ordinal, *sorted(sizes.items()))
         if key not in self._scratch:
             buffers = []
             for spec in self.scratch:
                 nbytes = int(np.prod(_shape(spec, sizes), dtype=np.int64)) * spec.dtype.numpy.itemsize
-                buffers.append(self.loader.alloc(nbytes))
+                buffers.append(driver.alloc(nbytes))
             self._scratch[key] = buffers
         return [p for p, _ in self._scratch[key]]
 
@@ -161,7 +192,7 @@ def _describe(x: object, spec: Arg) -> _Device:
         if not x.is_contiguous():
             raise LaunchError(f"argument {spec.name!r} is not contiguous; pass .contiguous()")
         name = str(x.dtype).removeprefix("torch.")
-        dtype = next((k for k, v in _TORCH_DTYPES.items() if v == name), name)
+        dtype = next((k for k, v in TORCH_DTYPES.items() if v == name), name)
         return _Device(x.data_ptr(), tuple(x.shape), dtype, x, "torch")
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:

@@ -1,10 +1,10 @@
 """Load device code and launch kernels: pycuda, cuda-python (``cuda.bindings``) or hip-python.
 
 Each loader offers the same small interface — load an image, find a function, allow it more
-shared memory, launch it, allocate and copy memory — over the device's primary context, the
-one PyTorch and CuPy use too, so pointers from either work in place.  :func:`loader` picks
-pycuda where it is installed and cuda-python otherwise (``prefer`` chooses); HIP has
-hip-python only.
+shared memory, launch it (on the legacy default stream unless a stream handle is given), allocate
+and copy memory — over one device's primary context, the one PyTorch and CuPy use too, so pointers
+from either work in place.  :func:`loader` picks pycuda where it is installed and cuda-python
+otherwise (``prefer`` chooses), for device 0 unless told; HIP has hip-python only.
 """
 
 from __future__ import annotations
@@ -26,13 +26,17 @@ class Loader:
 
     name = "?"
     backend = "cuda"
+    ordinal = 0
+    """The device's index (CUDA's ordinal)."""
+    foreign_streams = True
+    """Whether :meth:`launch` takes a stream another library made (PyTorch's current stream)."""
     _device_spec: DeviceSpec | None = None
 
     def arch(self) -> str:
         raise NotImplementedError
 
     def device_spec(self) -> DeviceSpec:
-        """Device 0 as code generation sees it: the preset of its architecture, with the numbers the driver
+        """The loader's device as code generation sees it: the preset of its architecture, with the numbers the driver
         reports in place of the preset's (SMs, shared memory, registers, warp size, threads per block).
 
         The driver's numbers win because a part of an architecture may differ from the preset's (fewer SMs
@@ -44,7 +48,8 @@ class Loader:
             # A zero count is a driver that does not fill the field (no device has 0 SMs); only the reserve may be 0.
             known = {k: int(v) for k, v in numbers.items()
                      if v is not None and (int(v) > 0 or k == "shared_reserved")}
-            self._device_spec = dataclasses.replace(self._preset(name), **known, source=f"device 0: {name}")
+            self._device_spec = dataclasses.replace(self._preset(name), **known,
+                                                    source=f"device {self.ordinal}: {name}")
         return self._device_spec
 
     def _preset(self, name: str) -> DeviceSpec:
@@ -52,9 +57,9 @@ class Loader:
         try:
             return preset(arch)
         except PolyfuseError:
-            raise BackendUnavailable(f"device 0 ({name}) is {arch}, an architecture polyfuse has no preset for "
-                                     f"(presets are {', '.join(PRESETS)}; newer sm_XY take the nearest lower "
-                                     f"one): its instruction families are unknown") from None
+            raise BackendUnavailable(f"device {self.ordinal} ({name}) is {arch}, an architecture polyfuse has no "
+                                     f"preset for (presets are {', '.join(PRESETS)}; newer sm_XY take the nearest "
+                                     f"lower one): its instruction families are unknown") from None
 
     def _attributes(self) -> tuple[str, dict[str, int | None]]:
         """The device's name and the :class:`DeviceSpec` fields the driver reports (None: not reported)."""
@@ -68,6 +73,7 @@ class Loader:
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
                sizes: list[int], stream: int = 0) -> None:
+        """Launch ``fn`` on ``stream`` (a driver stream handle; 0: the legacy default stream)."""
         raise NotImplementedError
 
     def alloc(self, nbytes: int) -> tuple[int, Any]:
@@ -96,7 +102,7 @@ class CudaPython(Loader):
 
     name = "cuda-python"
 
-    def __init__(self) -> None:
+    def __init__(self, ordinal: int = 0) -> None:
         try:
             from cuda.bindings import driver
         except ImportError:
@@ -115,7 +121,10 @@ class CudaPython(Loader):
         count = self.check(driver.cuDeviceGetCount(), "cuDeviceGetCount")
         if not count:
             raise BackendUnavailable("cuda-python found no CUDA device")
-        self.device = self.check(driver.cuDeviceGet(0), "cuDeviceGet")
+        if not 0 <= ordinal < count:
+            raise BackendUnavailable(f"cuda-python found {count} CUDA device(s); there is no device {ordinal}")
+        self.ordinal = ordinal
+        self.device = self.check(driver.cuDeviceGet(ordinal), "cuDeviceGet")
         self.context = self.check(driver.cuDevicePrimaryCtxRetain(self.device), "cuDevicePrimaryCtxRetain")
         self.check(driver.cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
 
@@ -185,8 +194,12 @@ class PyCuda(Loader):
     """pycuda (built from its source distribution; see the README)."""
 
     name = "pycuda"
+    foreign_streams = False  # prepared_call takes pycuda's own Stream objects only
 
-    def __init__(self) -> None:
+    def __init__(self, ordinal: int = 0) -> None:
+        if ordinal != 0:
+            raise BackendUnavailable(f"the pycuda loader runs on device 0 only (it keeps one context pushed); "
+                                     f"device {ordinal} needs cuda-python")
         try:
             import pycuda.driver as drv
         except ImportError:
@@ -236,6 +249,9 @@ class PyCuda(Loader):
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
                sizes: list[int], stream: int = 0) -> None:
+        if stream:
+            raise LaunchError("the pycuda loader launches on the default stream only; build with "
+                              "loader='cuda-python' to launch on another library's stream")
         fmt = "P" * len(pointers) + "q" * len(sizes)
         if getattr(fn, "_polyfuse_format", None) != fmt:
             fn.prepare(fmt)
@@ -265,7 +281,7 @@ class HipPython(Loader):
     name = "hip-python"
     backend = "hip"
 
-    def __init__(self) -> None:
+    def __init__(self, ordinal: int = 0) -> None:
         try:
             from hip import hip
         except ImportError:
@@ -274,7 +290,10 @@ class HipPython(Loader):
         count = self.check(hip.hipGetDeviceCount(), "hipGetDeviceCount")
         if not count:
             raise BackendUnavailable("hip-python found no HIP device")
-        self.check(hip.hipSetDevice(0), "hipSetDevice")
+        if not 0 <= ordinal < count:
+            raise BackendUnavailable(f"hip-python found {count} HIP device(s); there is no device {ordinal}")
+        self.ordinal = ordinal
+        self.check(hip.hipSetDevice(ordinal), "hipSetDevice")
 
     def check(self, result: tuple, what: str) -> Any:
         err, *rest = result if isinstance(result, tuple) else (result,)
@@ -286,7 +305,7 @@ class HipPython(Loader):
 
     def _properties(self) -> Any:
         props = self.hip.hipDeviceProp_t()
-        self.check(self.hip.hipGetDeviceProperties(props, 0), "hipGetDeviceProperties")
+        self.check(self.hip.hipGetDeviceProperties(props, self.ordinal), "hipGetDeviceProperties")
         return props
 
     def arch(self) -> str:
@@ -378,19 +397,20 @@ def _sm(major: int, minor: int) -> str:
     return f"sm_{major}{minor}a" if (major, minor) == (9, 0) else f"sm_{major}{minor}"
 
 
-def loader(backend: str = "cuda", prefer: str | None = None) -> Loader:
-    """The loader for ``backend``: pycuda, else cuda-python (``prefer`` names one); hip-python for HIP.
+def loader(backend: str = "cuda", prefer: str | None = None, ordinal: int = 0) -> Loader:
+    """The loader for ``backend`` on device ``ordinal``: pycuda, else cuda-python (``prefer`` names one);
+    hip-python for HIP.
 
-    One per (backend, prefer), however the arguments are spelled, so that the device a schedule was made
-    for (:meth:`Loader.device_spec`) and the one :func:`~polyfuse.pipeline.build` loads onto are one object.
+    One per (backend, prefer, ordinal), however the arguments are spelled, so that the device a schedule was
+    made for (:meth:`Loader.device_spec`) and the one :func:`~polyfuse.pipeline.build` loads onto are one object.
     """
-    return _loader(backend, prefer)
+    return _loader(backend, prefer, ordinal)
 
 
 @functools.cache
-def _loader(backend: str, prefer: str | None) -> Loader:
+def _loader(backend: str, prefer: str | None, ordinal: int) -> Loader:
     if backend == "hip":
-        return HipPython()
+        return HipPython(ordinal)
     if backend != "cuda":
         raise BackendUnavailable(f"no loader for backend {backend!r}")
     order = [prefer] if prefer else list(CUDA_LOADERS)
@@ -399,7 +419,7 @@ def _loader(backend: str, prefer: str | None) -> Loader:
         if name not in CUDA_LOADERS:
             raise BackendUnavailable(f"unknown CUDA loader {name!r}; loaders are {', '.join(CUDA_LOADERS)}")
         try:
-            return PyCuda() if name == "pycuda" else CudaPython()
+            return PyCuda(ordinal) if name == "pycuda" else CudaPython(ordinal)
         except BackendUnavailable as err:
             reasons.append(f"{name}: {err}")
     raise BackendUnavailable("no CUDA loader works here: " + "; ".join(reasons))

@@ -16,7 +16,7 @@ Precision is the user's, in the inputs' dtypes:
   ``p·v``.  The catalog's program keeps q·kᵀ and p·v in f32, so eager results differ from it by
   f16 roundings of the scores and weights;
 - everything else is f32 as in the programs; f32 matmuls are true f32 when the caller leaves
-  TF32 off (``gpu_bench.py`` does).
+  TF32 off (:mod:`polyfuse.bench` does).
 
 Mask and ALiBi tensors are built inside the eager function (as user code does on every call);
 SDPA masks and FlexAttention block masks are built once, outside the returned callables.
