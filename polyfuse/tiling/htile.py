@@ -244,6 +244,13 @@ def slice_axes(index: tuple[Index, ...]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def has_gathers(program: TileProgram) -> bool:
+    """Whether some load of ``program`` gathers."""
+    return any(isinstance(n, TileLoad) and gathers(n.index)
+               for s in walk_tile_stmts(program.body) if isinstance(s, TileStore)
+               for e in (s.value, s.mask) if e is not None for n in walk_tile_expr(e))
+
+
 def gathers(index: tuple[Index, ...]) -> tuple[tuple[int, Gather], ...]:
     """The gathered dimensions of an access and their gathers."""
     return tuple((d, i) for d, i in enumerate(index) if isinstance(i, Gather))
