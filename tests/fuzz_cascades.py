@@ -5,7 +5,8 @@ over a 2-D tile ``x[N, M, K]``, or with the first reduction's loop running backw
 later reduction's term reading earlier results through terms of the shapes real code has (``exp(x - max)``,
 ``x / sum``, ``(x - mean)²``, ``x / sqrt(ssq/M + eps)``, ``|x| / amax`` …) or random ones; sometimes a map
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
-sometimes an elementwise epilogue follows (sometimes with a gather ``x[i, g[i]]``); sometimes a later reduction reads none of the earlier ones (a
+sometimes an elementwise epilogue follows (sometimes with a gather ``x[i, g[i]]``); sometimes a later
+reduction reads none of the earlier ones (a
 *sibling*, fused into the same pass), and sometimes an input declares its sign (``sign=``), which its inputs
 keep.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up to 1000, ±inf
 and NaN entries); schedules are the fusion recipes of
