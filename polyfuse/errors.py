@@ -24,6 +24,10 @@ class OutOfBounds(IRError):
     """Some instance of a block reads or writes a tensor outside its shape (for some values of the sizes)."""
 
 
+class GatherOutOfBounds(PolyfuseError):
+    """A gather index (``x[i, target[i]]``) read a value outside the gathered dimension when the program ran."""
+
+
 class UnboundSize(IRError):
     """A size parameter has no value where one is needed."""
 

@@ -5,7 +5,8 @@ over a 2-D tile ``x[N, M, K]``, or with the first reduction's loop running backw
 later reduction's term reading earlier results through terms of the shapes real code has (``exp(x - max)``,
 ``x / sum``, ``(x - mean)²``, ``x / sqrt(ssq/M + eps)``, ``|x| / amax`` …) or random ones; sometimes a map
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
-sometimes an elementwise epilogue follows; sometimes a later reduction reads none of the earlier ones (a
+sometimes an elementwise epilogue follows (sometimes with a gather ``x[i, g[i]]``); sometimes a later
+reduction reads none of the earlier ones (a
 *sibling*, fused into the same pass), and sometimes an input declares its sign (``sign=``), which its inputs
 keep.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up to 1000, ±inf
 and NaN entries); schedules are the fusion recipes of
@@ -264,6 +265,11 @@ def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[st
                                     lambda: (x[idx] - a[i]) * b[i]])()
     else:
         out = p.output("out", (shape.N,), dtype)
+        if len(shape.full) == 2 and draw.boolean(0.3):  # a gather, as in a cross-entropy loss
+            g = p.input("g", (shape.N,), "i32")
+            with p.nest("epilogue", i=shape.N) as (i,):
+                out[i] = log(abs(b[i])) + a[i] - x[i, g[i]]
+            return
         with p.nest("epilogue", i=shape.N) as (i,):
             out[i] = draw.choice([lambda: log(b[i]) + a[i], lambda: a[i] / b[i], lambda: sqrt(abs(b[i]))])()
 
@@ -311,6 +317,7 @@ def inputs(draw: Draw, c: Cascade, seed: int) -> tuple[dict[str, np.ndarray], di
         shape = tuple(int(d.value) for d in decl)  # type: ignore[attr-defined]
     np_dtype = np.float64 if c.dtype == "f64" else np.float32
     per_row = int(np.prod(shape[1:]))
-    data = {t.name: np.stack([row(draw, rng, per_row, t.sign) for _ in range(shape[0])]).reshape(shape)
-            .astype(np_dtype) for t in c.program.inputs}
+    data = {t.name: rng.integers(0, shape[1], shape[0]).astype(np.int32) if t.dtype.is_int else  # gather indices
+            np.stack([row(draw, rng, per_row, t.sign) for _ in range(shape[0])]).reshape(shape).astype(np_dtype)
+            for t in c.program.inputs}
     return data, ({"N": shape[0], "M": shape[1]} if c.symbolic else None)

@@ -41,7 +41,7 @@ def test_implicit_casts_are_explicit_nodes():
 @pytest.mark.parametrize("index, fragment", [
     (lambda i, j, y: (i * j, j), "index 0: i * j is not affine: it multiplies two non-constant terms"),
     (lambda i, j, y: (i, j // i), "index 1"),
-    (lambda i, j, y: (y[i], j), "index 0"),
+    (lambda i, j, y: (y[i] + 1, j), "index 0: yidx[i] + 1 is not affine"),  # a gather is a bare load
 ])
 def test_non_affine_index_names_tensor_and_index(index, fragment):
     p = ProgramBuilder("bad")

@@ -7,6 +7,11 @@ stable and readable: ``B__w`` is the store of block ``B``, ``B__r0, B__r1, …``
 its loads in pre-order of the stored value, ``B__init0, …`` the loads of a
 reduction's init expression.
 
+A gather (``x[i, target[i]]``, an index that is a load of an integer input) is a *may* read: its
+relation maps an instance to every element of the gathered dimension, so every dependence it could
+carry is kept (the analysis stays sound without knowing ``target``).  The load of the index itself is
+a reference of its own.  Stores never gather.
+
 Reductions (a choice of this module, documented because dependences depend on
 it): the init of ``X[idx]`` is *not* a separate statement.  The instance whose
 reduce iterations are all 0 sets ``X[idx]`` to ``init`` and applies the update
@@ -30,6 +35,7 @@ from polyfuse.deps.domains import first_reduce_instances, param_names
 from polyfuse.deps.islconv import aff_text, build_map, dim_env
 from polyfuse.deps.memo import memoized
 from polyfuse.ir.expr import Expr, Load
+from polyfuse.ir.gather import is_gather_index
 from polyfuse.ir.stmt import Block, Program, Tensor
 from polyfuse.ir.visit import loads
 
@@ -88,11 +94,18 @@ class Access:
 
 def _relation(block: Block, tensor: Tensor, indices: tuple[Expr, ...], params: tuple[str, ...],
               domain: isl.Set) -> isl.Map:
+    """Instances -> elements; a gather index (``x[i, target[i]]``) may read any element of its dimension."""
     names = [iv.var.name for iv in block.iters]
     env = dim_env(names, params)
-    idx = [aff_text(e, env, what=f"block {block.name!r}: index {d} of tensor {tensor.name!r}")
-           for d, e in enumerate(indices)]
-    rel = build_map(params, names, idx, [], in_name=block.name, out_name=tensor.name)
+    idx, bounds = [], []
+    for d, e in enumerate(indices):
+        if is_gather_index(e):
+            idx.append(f"_g{d}")
+            extent = aff_text(tensor.shape[d], env, what=f"tensor {tensor.name!r}, shape dimension {d}")
+            bounds.append(f"0 <= _g{d} < {extent}")
+        else:
+            idx.append(aff_text(e, env, what=f"block {block.name!r}: index {d} of tensor {tensor.name!r}"))
+    rel = build_map(params, names, idx, bounds, in_name=block.name, out_name=tensor.name)
     return rel.intersect_domain(domain)
 
 

@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from polyfuse.emit_cpp.target import GATHER_FAULT, GatherSite
 from polyfuse.emit_cpp.widths import index_widths, is_index
 from polyfuse.errors import InternalError
 from polyfuse.ir import dtypes as dt
@@ -29,8 +30,8 @@ from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
 from polyfuse.ir.stmt import Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axes_of,
-    axis_sizes, tile_children,
+    Broadcast, Dot, Gather, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore, axes_of,
+    axis_sizes, gathers, tile_children,
 )
 
 LOW_PRECISION = {"f16": "f16", "bf16": "bf16", "fp8e4m3": "fp8"}
@@ -83,6 +84,8 @@ class CFamilyEmitter:
         self.params = {p.name for p in program.params}
         self.widths = index_widths(program)
         self.materialized: dict[Expr, _Materialized] = {}  # per store; empty for loop extents before the first
+        self.block = ""  # the block of the statement being printed (named by gather faults)
+        self.gather_sites: list[GatherSite] = []
 
     # ------------------------------------------------------------ table of differences (override)
     def parallel_pragma(self, collapse: int) -> str | None:
@@ -182,7 +185,9 @@ class CFamilyEmitter:
     def access(self, tensor: Tensor, index: tuple[Index, ...], env: dict[str, str]) -> str:
         idx = []
         for i in index:
-            if isinstance(i, Slice):
+            if isinstance(i, Gather):
+                idx.append(self.scalar(i.index, env))
+            elif isinstance(i, Slice):
                 start = self.scalar(i.start, env)
                 idx.append(env[i.axis] if start == "(0)" else f"({start} + {env[i.axis]})")
             else:
@@ -201,9 +206,11 @@ class CFamilyEmitter:
             return self.literal(e.value, e.dtype)
         if isinstance(e, TileLoad):
             value = self.from_storage(self.access(e.tensor, e.index, env), e.tensor.dtype)
+            other = self.literal(e.other.value if e.other is not None else 0, e.tensor.dtype)
+            if gathers(e.index):
+                value = f"({self.gather_checks(e, env)} ? {value} : {other})"
             if e.mask is None:
                 return value
-            other = self.literal(e.other.value if e.other is not None else 0, e.tensor.dtype)
             return f"({self.scalar(e.mask, env)} ? {value} : {other})"
         if isinstance(e, Iota):
             return env[e.axis]
@@ -222,6 +229,20 @@ class CFamilyEmitter:
         if isinstance(e, Cast):
             return self.convert(self.scalar(e.value, env), e.value.dtype, e.type)
         raise InternalError(f"C emitter: unknown expression node {type(e).__name__}")
+
+    def gather_checks(self, e: TileLoad, env: dict[str, str]) -> str:
+        """``pf::gathered(index, extent, fault, site)`` for every gathered dimension of ``e``: true when the
+        index lies in its dimension; otherwise the first fault is recorded and the load is not made."""
+        checks = []
+        for d, g in gathers(e.index):
+            access = f"{e.tensor.name}[{', '.join(g.text if k == d else '...' for k in range(len(e.index)))}]"
+            site = GatherSite(self.block, access, e.tensor.name, d, g.text)
+            if site not in self.gather_sites:
+                self.gather_sites.append(site)
+            extent = self.scalar(e.tensor.shape[d], {})
+            checks.append(f"{self.helpers}gathered(static_cast<int64_t>({self.scalar(g.index, env)}), "
+                          f"static_cast<int64_t>({extent}), {GATHER_FAULT}, {self.gather_sites.index(site) + 1})")
+        return " && ".join(checks)
 
     def binop(self, op: str, a: str, b: str, d: DType) -> str:
         ct = self.ctype(d)
@@ -278,6 +299,7 @@ class CFamilyEmitter:
         """Declare the tensors allocated once per iteration of ``s``."""
 
     def store(self, s: TileStore) -> None:
+        self.block = s.block
         self.sizes = axis_sizes(s)
         self.materialized: dict[Expr, _Materialized] = {}
         self.line(f"// {s.block}")

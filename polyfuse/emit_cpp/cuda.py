@@ -41,17 +41,17 @@ from polyfuse.emit_cpp.cfamily import (
 from polyfuse.emit_cpp.dotplan import SWIZZLE_ALIGN
 from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
-from polyfuse.emit_cpp.target import KernelSource, Launch, Target, arg_of
+from polyfuse.emit_cpp.target import GATHER_FAULT, KernelSource, Launch, Target, arg_of
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, VectorLanes, chunks
 from polyfuse.errors import InternalError, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import BinOp, Const, Expr
-from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
+from polyfuse.ir.stmt import INPUT, OUTPUT, TEMP, Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.gpu import GpuProgram
 from polyfuse.tiling.grid import MAP
 from polyfuse.tiling.htile import (
-    Dot, Reduce, Slice, TileLoad, TileStore, axes_of, walk_tile_expr,
+    Dot, Reduce, Slice, TileLoad, TileStore, axes_of, has_gathers, walk_tile_expr,
 )
 
 class CudaEmitter(VectorLanes, CFamilyEmitter):
@@ -241,6 +241,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
 
     def store_elements(self, s: TileStore, axes: tuple[str, ...], flat: str, step: str, total: int) -> None:
         """The loop storing ``total`` elements of ``s``: ``flat`` is the first, ``step`` the stride."""
+        self.block = s.block
         inner = axes[-1]
         exprs = [s.value] + ([s.mask] if s.mask is not None else [])
         vec, loads = self.lane_plan(exprs, inner)
@@ -321,6 +322,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
 
     # ------------------------------------------------------------ CTA statements
     def store(self, s: TileStore) -> None:
+        self.block = s.block
         assert self.kernel_plan is not None
         plan = self.kernel_plan.stmts[id(s)]
         if self.scratch != plan.at:
@@ -360,6 +362,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         staged, so this is safe unless the value reads the temporary at other elements (the plan checked).
         In registers (its loop's accumulator) the element is the thread's register.
         """
+        self.block = s.block
         assert plan.dot is not None and self.kernel_plan is not None
         e = next(n for n in walk_tile_expr(s.value) if isinstance(n, Dot))
         own = {n for n in walk_tile_expr(s.value) if isinstance(n, TileLoad) and n.tensor.name == s.tensor.name}
@@ -550,6 +553,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         return Launch(name, blocks, self.threads, self.peak)
 
     def map_body(self, s: TileStore) -> Expr:
+        self.block = s.block
         self.sizes = axis_sizes(s)
         self.materialized = {}
         if self.reads_other_elements(s):
@@ -569,7 +573,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         inputs = [t for t in p.tensors if t.role == INPUT]
         outputs = [t for t in p.tensors if t.role == OUTPUT]
         scratch = [t for t in p.tensors if t.role not in (INPUT, OUTPUT) and t.name not in self.shared_names]
-        return inputs + outputs + scratch + [part for split in self.presplit.values() for part in split]
+        fault = [Tensor(GATHER_FAULT, (Const(3, dt.i32),), dt.i64, TEMP)] if has_gathers(p) else []
+        return inputs + outputs + scratch + [part for split in self.presplit.values() for part in split] + fault
 
     def parameters(self) -> str:
         parts = []
@@ -592,4 +597,4 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         args = self.arguments()
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
-                            self.target, launches)
+                            self.target, launches, tuple(self.gather_sites))

@@ -25,10 +25,12 @@ from polyfuse.emit_cpp.cfamily import _REDUCER_OP as REDUCER_OP
 from polyfuse.emit_cpp.cfamily import CFamilyEmitter, axis_var, flat, worth_hoisting
 from polyfuse.emit_cpp.cfamily import _Materialized as Materialized
 from polyfuse.tiling.parallel import allocated_at, parallel_depth, perfect_chain
-from polyfuse.emit_cpp.target import KernelSource, Target, arg_of, entry_name
+from polyfuse.emit_cpp.target import GATHER_FAULT, KernelSource, Target, arg_of, entry_name
 from polyfuse.ir.expr import Const, Expr, Select
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
-from polyfuse.tiling.htile import Dot, Reduce, TileLoad, TileProgram, axes_of, slice_axes, walk_tile_expr
+from polyfuse.tiling.htile import (
+    Dot, Reduce, TileLoad, TileProgram, axes_of, has_gathers, slice_axes, walk_tile_expr,
+)
 from polyfuse.tiling.skip import skip_masked_tiles
 
 
@@ -221,6 +223,8 @@ class HostCppEmitter(CFamilyEmitter):
             st = self.stype(t.dtype)
             self.line(f"[[maybe_unused]] {const}{st}* {self.restrict} {t.name} = "
                       f"static_cast<{const}{st}*>(buffers[{k}]);")
+        if has_gathers(p):  # the runtime passes the fault record after the arguments
+            self.line(f"int64_t* {GATHER_FAULT} = static_cast<int64_t*>(buffers[{len(args)}]);")
         for t in p.tensors:
             if t.role not in (INPUT, OUTPUT) and t.name not in self.allocated:
                 self.line(f"std::vector<{self.stype(t.dtype)}> {t.name}_heap({self.numel(t.shape)});")
@@ -230,7 +234,7 @@ class HostCppEmitter(CFamilyEmitter):
         self.close()
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature,
-                            tuple(v.name for v in p.params), Target("cpp"))
+                            tuple(v.name for v in p.params), Target("cpp"), gathers=tuple(self.gather_sites))
 
 
 def _memory_order(e: Expr, axes: tuple[str, ...]) -> tuple[str, ...]:

@@ -77,6 +77,22 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class GatherSite:
+    """One gathered access of a kernel (:mod:`polyfuse.ir.gather`): a fault the kernel records names its
+    site by position (from 1) in :attr:`KernelSource.gathers`, with the value read and the extent."""
+
+    block: str
+    access: str
+    tensor: str
+    dim: int
+    index: str
+
+
+GATHER_FAULT = "pf_gather_fault"
+"""The name of the fault record of a kernel with gathers: ``int64[3]`` = (site, value, extent), site 0 for none."""
+
+
+@dataclass(frozen=True)
 class KernelSource:
     """Generated source text and how to call it.
 
@@ -84,7 +100,9 @@ class KernelSource:
     the size parameters passed after them, ``entry`` the name of the C-ABI entry point (host) or
     the prefix of the kernels' names (GPU).  GPU sources list their kernels in ``launches``; their
     ``args`` end with the temporaries that live in global memory (role ``temp``), which the
-    runtime allocates.
+    runtime allocates.  ``gathers`` are the gathered accesses, checked when the kernel runs: it records
+    the first index out of bounds in a fault record (:data:`GATHER_FAULT`) that the runtime reads after
+    the call and turns into :class:`~polyfuse.errors.GatherOutOfBounds`.
     """
 
     text: str
@@ -93,6 +111,7 @@ class KernelSource:
     sizes: tuple[str, ...]
     target: Target
     launches: tuple[Launch, ...] = ()
+    gathers: tuple[GatherSite, ...] = ()
 
     @property
     def signature(self) -> str:

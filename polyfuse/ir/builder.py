@@ -44,6 +44,7 @@ from polyfuse.errors import IRError, NonAffineIndex
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.affine import linear_form
 from polyfuse.ir.expr import BinOp, Const, Expr, ExprLike, Load, Var, cast, const
+from polyfuse.ir.gather import is_gather_index
 from polyfuse.ir.stmt import (
     BOUND, GLOBAL, INPUT, OUTPUT, REDUCE, SERIAL, SPATIAL, TEMP, Block, IterVar, Loop,
     Program, Reducer, Stmt, Store, Tensor, builtin_reducer, reducer_for_op,
@@ -95,27 +96,33 @@ def make_reducer(name: str, combine: Callable[[Var, Var], ExprLike], *, identity
     return Reducer(name, lhs, rhs, body, ident)
 
 
-def _as_index(x: object, tensor: Tensor, d: int) -> Expr:
+def _as_index(x: object, tensor: Tensor, d: int, *, gather: bool) -> Expr:
     if isinstance(x, bool) or not isinstance(x, (int, Expr)):
         raise IRError(f"tensor {tensor.name!r}: index {d} is {x!r}, not an integer expression")
     e = const(x) if isinstance(x, int) else x
+    if gather and is_gather_index(e):
+        return e
     try:
         linear_form(e)
     except NonAffineIndex as err:
-        raise NonAffineIndex(f"tensor {tensor.name!r}, index {d}: {err}") from None
+        hint = ("; a data-dependent index (a gather) is a bare load of an integer input tensor, "
+                "e.g. x[i, target[i]]") if gather else ("; a store's indices must be affine "
+                                                        "(a data-dependent store, a scatter, is not supported)")
+        raise NonAffineIndex(f"tensor {tensor.name!r}, index {d}: {err}{hint}") from None
     return e
 
 
-def _indices(tensor: Tensor, idx: object) -> tuple[Expr, ...]:
+def _indices(tensor: Tensor, idx: object, *, gather: bool) -> tuple[Expr, ...]:
     items = idx if isinstance(idx, tuple) else (idx,)
     if len(items) != tensor.ndim:
         raise IRError(f"tensor {tensor.name!r} has {tensor.ndim} dimensions but is indexed with {len(items)}")
-    return tuple(_as_index(x, tensor, d) for d, x in enumerate(items))
+    return tuple(_as_index(x, tensor, d, gather=gather) for d, x in enumerate(items))
 
 
 def make_load(tensor: Tensor, idx: object) -> Load:
-    """``tensor[idx]`` with checked, quasi-affine indices."""
-    return Load(tensor, _indices(tensor, idx))
+    """``tensor[idx]`` with checked indices: quasi-affine, or a gather index (a load of an integer input,
+    see :func:`~polyfuse.ir.affine.is_gather_index`)."""
+    return Load(tensor, _indices(tensor, idx, gather=True))
 
 
 def record_store(tensor: Tensor, idx: object, value: object) -> None:
@@ -123,7 +130,7 @@ def record_store(tensor: Tensor, idx: object, value: object) -> None:
     blk = _CURRENT.get()
     if blk is None:
         raise IRError(f"store to {tensor.name!r} outside of a block; open one with `with p.nest(...)`")
-    blk.set_store(tensor, _indices(tensor, idx), value)
+    blk.set_store(tensor, _indices(tensor, idx, gather=False), value)
 
 
 def _is_update(reducer: Reducer, value: Expr, acc: Load) -> bool:

@@ -29,6 +29,7 @@ from polyfuse.errors import IRError, PolyfuseError, UnboundSize
 from polyfuse.ir.affine import fold_div_mod, linear_form, variables
 from polyfuse.ir.empty import init_empty_reductions
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
+from polyfuse.ir.gather import gather_error, is_gather_index
 from polyfuse.ir.stmt import INPUT, Block, Loop, Program, Seq, Stmt, Tensor, walk_stmts
 from polyfuse.ir.visit import loads, substitute
 
@@ -258,6 +259,11 @@ class Runner:
         the buffer elsewhere."""
         buf = self.buffers[e.tensor.name]
         idx = [self.expr(i, env, b, guard) for i in e.indices]
+        for d, (i, n) in enumerate(zip(idx, buf.shape, strict=True)):
+            bad = ((i < 0) | (i >= n)) & guard
+            if is_gather_index(e.indices[d]) and np.any(bad):
+                value = int(np.asarray(np.broadcast_to(i, np.shape(bad)))[np.asarray(bad)].flat[0])
+                raise gather_error(b.name, str(e), e.tensor.name, d, str(e.indices[d]), value, n)
         self._check_bounds(b, e.tensor, idx, guard, "reads")
         return tuple(np.clip(i, 0, n - 1) for i, n in zip(idx, buf.shape, strict=True))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from polyfuse.errors import IRError
 from polyfuse.ir.affine import check_affine
 from polyfuse.ir.expr import BinOp, Call, Cast, Expr, Load, Select, conjuncts
+from polyfuse.ir.gather import check_gather_index
 from polyfuse.ir.stmt import THREAD_TAGS, Block, Loop, Program, Seq, Stmt, Tensor, LOOP_KINDS, BOUND
 from polyfuse.ir.visit import walk_expr
 
@@ -26,7 +27,7 @@ def validate(program: Program) -> Program:
     def check_expr(e: Expr, where: str, scope: set[str]) -> None:
         for n in walk_expr(e):
             if isinstance(n, Load):
-                _check_access(n.tensor, n.indices, where, scope, tensors)
+                _check_access(n.tensor, n.indices, where, scope, tensors, gather=True)
             elif isinstance(n, BinOp) and n.op not in ("and", "or") and n.a.dtype != n.b.dtype:
                 raise IRError(f"{where}: operands of {n.op!r} have dtypes {n.a.dtype} and {n.b.dtype}: {n}")
             elif isinstance(n, Select) and n.true_value.dtype != n.false_value.dtype:
@@ -128,10 +129,12 @@ def _check_where(b: Block, params: tuple[str, ...]) -> None:
         require_init_origins(b, params)
 
 
-def _check_access(t: Tensor, indices, where: str, scope: set[str], tensors: dict) -> None:
+def _check_access(t: Tensor, indices, where: str, scope: set[str], tensors: dict, *, gather: bool = False) -> None:
+    """Indices are affine in ``scope``; with ``gather`` (a read), an index may be a gather index."""
     if tensors.get(t.name) != t:
         raise IRError(f"{where}: tensor {t.name!r} is not declared by the program (or declared differently)")
     if len(indices) != t.ndim:
         raise IRError(f"{where}: tensor {t.name!r} has {t.ndim} dimensions but is indexed with {len(indices)}")
+    check = check_gather_index if gather else check_affine
     for d, idx in enumerate(indices):
-        check_affine(idx, allowed=scope, what=f"{where}: index {d} of tensor {t.name!r}")
+        check(idx, allowed=scope, what=f"{where}: index {d} of tensor {t.name!r}")

@@ -25,7 +25,7 @@ from polyfuse.errors import LaunchError
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.interpreter import check_promises
 from polyfuse.runtime.compiler import CompileOptions
-from polyfuse.runtime.kernel import KernelBase
+from polyfuse.runtime.kernel import KernelBase, raise_gather_fault
 from polyfuse.runtime.loaders import Loader, loader
 
 TORCH_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64", "i32": "int32",
@@ -106,10 +106,17 @@ class GpuKernel(KernelBase):
         scratch = self._scratch_for(values, driver)
         pointers = [d.pointer for d in device] + scratch
         size_args = [values[s] for s in self.kernel_source.sizes]
+        fault = np.zeros(3, dtype=np.int64)
+        if self.kernel_source.gathers:  # the fault record is the last scratch buffer (see cuda.arguments)
+            driver.to_device(scratch[-1], fault.ctypes.data, fault.nbytes)
         for fn, launch in zip(functions, self.kernel_source.launches, strict=True):
             blocks = evaluate(launch.blocks, values)
             if blocks > 0:
                 driver.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args, stream)
+        if self.kernel_source.gathers:  # waits for the launches (on any stream): checked before the call returns
+            driver.synchronize()
+            driver.to_host(fault.ctypes.data, scratch[-1], fault.nbytes)
+            raise_gather_fault(self.kernel_source, fault)
         results = []
         for k in range(len(self.outputs)):
             given, on_device = (described[n_in + k] if len(described) == n_all else None), device[n_in + k]

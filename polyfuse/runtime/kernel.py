@@ -15,7 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from polyfuse.emit_cpp.target import Arg, KernelSource
-from polyfuse.errors import LaunchError
+from polyfuse.errors import InternalError, LaunchError
+from polyfuse.ir.gather import gather_error
 from polyfuse.ir.interpreter import check_promises
 from polyfuse.runtime.compiler import CompileOptions
 
@@ -120,12 +121,27 @@ class Kernel(KernelBase):
         for arr, spec in zip(given[n_in:], self.outputs, strict=True):
             if not arr.flags.writeable:
                 raise LaunchError(f"output argument {spec.name!r} is read-only")
-        buffers = (ctypes.c_void_p * max(1, len(given)))(*[a.ctypes.data for a in given])
+        fault = np.zeros(3, dtype=np.int64)  # the fault record of gathers (site, value, extent), after the arguments
+        pointers = [a.ctypes.data for a in given] + [fault.ctypes.data]
+        buffers = (ctypes.c_void_p * len(pointers))(*pointers)
         sizes_arr = (ctypes.c_int64 * max(1, len(values)))(*[values[s] for s in self.kernel_source.sizes])
         status = self._fn(buffers, sizes_arr)
         if status != 0:
             raise LaunchError(f"kernel {self.name} returned status {status}")
+        raise_gather_fault(self.kernel_source, fault)
         return given[n_in:]
+
+
+def raise_gather_fault(source: KernelSource, fault: np.ndarray) -> None:
+    """Raise :class:`~polyfuse.errors.GatherOutOfBounds` if a kernel recorded a gather fault (see
+    :attr:`~polyfuse.emit_cpp.target.KernelSource.gathers`)."""
+    site = int(fault[0])
+    if site == 0:
+        return
+    if not 1 <= site <= len(source.gathers):
+        raise InternalError(f"kernel {source.entry} recorded gather fault site {site}; it has {len(source.gathers)}")
+    g = source.gathers[site - 1]
+    raise gather_error(g.block, g.access, g.tensor, g.dim, g.index, int(fault[1]), int(fault[2]))
 
 
 def _as_array(x: object, spec: Arg) -> np.ndarray:

@@ -42,8 +42,18 @@ class Slice:
     axis: str
 
 
-Index = Expr | Slice
-"""One dimension of a tile access: a scalar index (no tile axis) or a :class:`Slice`."""
+@dataclass(frozen=True)
+class Gather:
+    """A data-dependent index: in each lane, the value of the integer tile ``index`` (a load of the index
+    tensor over some of the nest's axes).  ``text`` is the index as the program wrote it (``target[i]``),
+    for the run-time bounds check every backend prints (:func:`polyfuse.ir.gather.gather_error`)."""
+
+    index: Expr
+    text: str
+
+
+Index = Expr | Slice | Gather
+"""One dimension of a tile access: a scalar index (no tile axis), a :class:`Slice` or a :class:`Gather`."""
 
 
 class TileExpr(Expr):
@@ -225,8 +235,25 @@ def expr_axis_sizes(exprs: list[Expr], index: tuple[Index, ...] = (),
 
 
 def slice_axes(index: tuple[Index, ...]) -> tuple[str, ...]:
-    """The tile axes of an access, in tensor-dimension order."""
-    return tuple(i.axis for i in index if isinstance(i, Slice))
+    """The tile axes of an access, in tensor-dimension order (a gather's axes where it stands, unless a
+    slice before it has them)."""
+    out: list[str] = []
+    for i in index:
+        new = (i.axis,) if isinstance(i, Slice) else axes_of(i.index) if isinstance(i, Gather) else ()
+        out += [a for a in new if a not in out]
+    return tuple(out)
+
+
+def has_gathers(program: TileProgram) -> bool:
+    """Whether some load of ``program`` gathers."""
+    return any(isinstance(n, TileLoad) and gathers(n.index)
+               for s in walk_tile_stmts(program.body) if isinstance(s, TileStore)
+               for e in (s.value, s.mask) if e is not None for n in walk_tile_expr(e))
+
+
+def gathers(index: tuple[Index, ...]) -> tuple[tuple[int, Gather], ...]:
+    """The gathered dimensions of an access and their gathers."""
+    return tuple((d, i) for d, i in enumerate(index) if isinstance(i, Gather))
 
 
 def axes_of(e: Expr) -> tuple[str, ...]:
@@ -257,7 +284,7 @@ def axes_of(e: Expr) -> tuple[str, ...]:
 def tile_children(e: Expr) -> tuple[Expr, ...]:
     """Operands of a tile or scalar node (used by walkers)."""
     if isinstance(e, TileLoad):
-        return tuple(i for i in e.index if not isinstance(i, Slice)) + tuple(
+        return tuple(i.index if isinstance(i, Gather) else i for i in e.index if not isinstance(i, Slice)) + tuple(
             i.start for i in e.index if isinstance(i, Slice)) + ((e.mask,) if e.mask is not None else ())
     if isinstance(e, (Broadcast, Permute, Squeeze, Reduce)):
         return (e.tile,)
@@ -292,6 +319,8 @@ def depends_on(e: Expr, axis: str) -> bool:
     if isinstance(e, TileLoad):
         if any(isinstance(i, Slice) and i.axis == axis for i in e.index):
             return True
+        if any(depends_on(g.index, axis) for _, g in gathers(e.index)):
+            return True
         return e.mask is not None and depends_on(e.mask, axis)
     if isinstance(e, Broadcast):
         return depends_on(e.tile, axis)
@@ -307,7 +336,10 @@ def map_tile_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         return got
     if isinstance(e, TileLoad):
         mask = None if e.mask is None else map_tile_expr(e.mask, fn)
-        return e if mask is e.mask else dataclasses.replace(e, mask=mask)
+        index = tuple(Gather(map_tile_expr(i.index, fn), i.text) if isinstance(i, Gather) else i for i in e.index)
+        if mask is e.mask and index == e.index:
+            return e
+        return dataclasses.replace(e, mask=mask, index=index)
     if isinstance(e, (Broadcast, Permute, Squeeze, Reduce)):
         tile = map_tile_expr(e.tile, fn)
         return e if tile is e.tile else dataclasses.replace(e, tile=tile)
@@ -337,6 +369,8 @@ def _index(i: Index) -> str:
     if isinstance(i, Slice):
         start = expr_to_str(i.start)
         return f"{'' if start == '0' else start + ' + '}:{i.size}@{i.axis}"
+    if isinstance(i, Gather):
+        return f"gather({tile_expr_str(i.index)})"
     return expr_to_str(i)
 
 

@@ -16,10 +16,12 @@ import numpy as np
 
 from polyfuse.errors import InternalError, IRError, PolyfuseError, UnboundSize
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
+from polyfuse.ir.gather import gather_error
 from polyfuse.ir.interpreter import NUMPY_BINARY, NUMPY_UNARY, check_promises
 from polyfuse.ir.stmt import INPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore,
+    Broadcast, Dot, Gather, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileProgram, TileStore,
+    gathers, slice_axes,
 )
 
 _REDUCE = {"sum": np.sum, "prod": np.prod, "max": np.max, "min": np.min, "or": np.any}
@@ -80,6 +82,7 @@ def interpret(tile_program: TileProgram, inputs: Mapping[str, np.ndarray],
 class _Runner:
     def __init__(self, env: dict[str, np.ndarray]):
         self.buffers: dict[str, np.ndarray] = {}
+        self.block = ""  # the block of the statement being run, for error messages
         # values of the nodes of the statement being run (a tile statement reads before it writes)
         self.memo: dict[int, _T] = {}
 
@@ -100,10 +103,12 @@ class _Runner:
 
     def index(self, index: tuple[Index, ...], env: dict[str, np.ndarray]) -> tuple[list[np.ndarray], tuple[str, ...]]:
         """Index arrays of an access (open mesh over its slice axes) and those axes."""
-        axes = tuple(i.axis for i in index if isinstance(i, Slice))
+        axes = slice_axes(index)
         out: list[np.ndarray] = []
         for i in index:
-            if isinstance(i, Slice):
+            if isinstance(i, Gather):
+                out.append(np.asarray(self.expr(i.index, env).to(axes), dtype=np.int64))
+            elif isinstance(i, Slice):
                 shape = [1] * len(axes)
                 shape[axes.index(i.axis)] = i.size
                 start = self.expr(i.start, env).arr.astype(np.int64)
@@ -124,7 +129,17 @@ class _Runner:
                 raise PolyfuseError(f"{where} accesses tensor {tensor!r} out of bounds in dimension {d} "
                                     f"(size {n})")
 
+    def _check_gathers(self, e: TileLoad, idx: list[np.ndarray], mask: np.ndarray) -> None:
+        """A gathered index outside its dimension, in a lane the mask keeps, raises GatherOutOfBounds."""
+        for d, g in gathers(e.index):
+            n = self.buffers[e.tensor.name].shape[d]
+            bad = ((idx[d] < 0) | (idx[d] >= n)) & mask
+            if np.any(bad):
+                access = f"{e.tensor.name}[{', '.join(g.text if k == d else '...' for k in range(len(e.index)))}]"
+                raise gather_error(self.block, access, e.tensor.name, d, g.text, int(idx[d][bad].flat[0]), n)
+
     def store(self, s: TileStore, env: dict[str, np.ndarray]) -> None:
+        self.block = s.block
         self.memo = {}
         if not any(isinstance(i, Slice) for i in s.index):
             self._scalar_store(s, env)
@@ -152,13 +167,14 @@ class _Runner:
             return _T(np.asarray(env[e.name]), ())
         if isinstance(e, Const):
             return _T(np.asarray(e.value, dtype=e.dtype.numpy), ())
-        if isinstance(e, TileLoad) and not any(isinstance(i, Slice) for i in e.index):
+        if isinstance(e, TileLoad) and not any(isinstance(i, (Slice, Gather)) for i in e.index):
             return self._scalar_load(e, env)
         if isinstance(e, TileLoad):
             idx, axes = self.index(e.index, env)
             buf = self.buffers[e.tensor.name]
             mask = self._mask(e.mask, axes, env)
             *ix, m = np.broadcast_arrays(*idx, mask)
+            self._check_gathers(e, ix, m)
             self._check(f"load of {e.tensor.name!r}", e.tensor.name, ix, m)
             safe = tuple(i if not i.size or (i.min() >= 0 and i.max() < n) else np.clip(i, 0, n - 1)
                          for i, n in zip(ix, buf.shape, strict=True))

@@ -24,12 +24,15 @@ from dataclasses import dataclass
 
 from polyfuse.errors import UntileableNest
 from polyfuse.ir.affine import fold_div_mod
+from polyfuse.ir.gather import is_gather_index
 from polyfuse.ir.empty import init_empty_reductions
 from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var, conjuncts
 from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import BOUND, BUILTIN_REDUCERS, Block, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, loads, substitute
-from polyfuse.tiling.htile import Broadcast, Dot, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes
+from polyfuse.tiling.htile import (
+    Broadcast, Dot, Gather, Index, Iota, Reduce, TileLoad, TileProgram, TileStore, axes_of, slice_axes,
+)
 from polyfuse.tiling.reconcile import permute, reconcile_dim_order, union_order, unify
 from polyfuse.tiling.relax import bounds, relax_access
 
@@ -233,7 +236,7 @@ class _Nest:
 
     def load(self, ld: Load, fill: Const | None = None) -> Expr:
         """A relaxed, masked load, reconciled to the nest's loop order."""
-        index = self.access(ld.tensor.name, ld.indices, expr_to_str(ld))
+        index = self._gathered(ld)
         axes = slice_axes(index)
         mask = self.mask(frozenset(axes), axes)
         if self._may_leave(ld, axes):
@@ -244,6 +247,15 @@ class _Nest:
         tile = TileLoad(ld.tensor, index, mask, other if mask is not None else None)
         canon = tuple(a for a in self.order if a in axes)
         return permute(tile, canon)
+
+    def _gathered(self, ld: Load) -> tuple[Index, ...]:
+        """The relaxed index of ``ld``; a gather index becomes a :class:`Gather` of its own (masked) load."""
+        dims = [d for d, i in enumerate(ld.indices) if is_gather_index(i)]
+        affine = tuple(Const(0, i.dtype) if d in dims else i for d, i in enumerate(ld.indices))
+        index = list(self.access(ld.tensor.name, affine, expr_to_str(ld)))
+        for d in dims:
+            index[d] = Gather(self.load(ld.indices[d]), expr_to_str(ld.indices[d]))  # type: ignore[arg-type]
+        return tuple(index)
 
     def expr(self, e: Expr, acc: tuple[Load, Expr] | None) -> Expr:
         """A scalar expression in loop variables (see :meth:`sub`) as a tile expression."""

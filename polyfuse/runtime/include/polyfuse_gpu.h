@@ -28,6 +28,18 @@
 
 namespace pf {
 
+// A gathered index (x[i, target[i]]) in 0 <= v < n, or false after recording the first fault as
+// (site, value, extent) in fault[0..2] (site 0: none yet); the caller then skips the load.  The runtime
+// zeroes the record before the launches and reads it after them.
+PF_DEV bool gathered(int64_t v, int64_t n, int64_t* fault, int64_t site) {
+    if (v >= 0 && v < n) return true;
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(fault), 0ull, static_cast<unsigned long long>(site)) == 0ull) {
+        fault[1] = v;
+        fault[2] = n;
+    }
+    return false;
+}
+
 PF_DEV uint32_t float_bits(float x) { return __float_as_uint(x); }
 PF_DEV float bits_float(uint32_t u) { return __uint_as_float(u); }
 

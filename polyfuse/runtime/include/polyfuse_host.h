@@ -19,6 +19,18 @@
 
 namespace pf {
 
+// A gathered index (x[i, target[i]]) in 0 <= v < n, or false after recording the first fault as
+// (site, value, extent) in fault[0..2] (site 0: none yet); the caller then skips the load.
+inline bool gathered(int64_t v, int64_t n, int64_t* fault, int64_t site) {
+    if (v >= 0 && v < n) return true;
+    int64_t none = 0;
+    if (__atomic_compare_exchange_n(&fault[0], &none, site, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+        fault[1] = v;
+        fault[2] = n;
+    }
+    return false;
+}
+
 inline uint32_t float_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
 inline float bits_float(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
 
