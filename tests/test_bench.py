@@ -82,13 +82,25 @@ def test_a_prefill_sweep_moves_queries_and_keys_together():
 def test_every_operator_sweeps_each_preset_along_its_axis(name):
     op = ops.get(name)
     found = cases(op, "sweep")
-    assert len(found) == len(SWEEP_STEPS) * len(op.presets)
+    steps = {key: sweep_axis(name, case_mode(op, key)) for key in op.presets}
+    assert len(found) == sum(len(a.values) or len(SWEEP_STEPS) for a in steps.values())
     for case in found:
         preset = op.presets[case.group]
-        axis = sweep_axis(name, case.mode).names
-        assert case.axis == axis and {case.sizes[n] for n in axis} <= {
-            preset[axis[0]] * 2**k if k >= 0 else preset[axis[0]] >> -k for k in SWEEP_STEPS}
-        assert all(case.sizes[n] == preset[n] for n in preset if n not in axis)
+        axis = sweep_axis(name, case.mode)
+        scaled = {preset[axis.names[0]] * 2**k if k >= 0 else preset[axis.names[0]] >> -k for k in SWEEP_STEPS}
+        assert case.axis == axis.names and {case.sizes[n] for n in axis.names} <= (set(axis.values) or scaled)
+        assert all(case.sizes[n] == preset[n] for n in preset if n not in axis.names)
+
+
+def case_mode(op, key: str) -> str:
+    return key if key in op.modes else key.split("_")[0]
+
+
+def test_row_and_decode_sweeps_run_the_lengths_the_rules_change_at():
+    rows = cases(ops.get("rmsnorm_amax"), "sweep")
+    assert [c.sizes["M"] for c in rows] == [1024, 4096, 8192, 32768]
+    decode = cases(ops.get("attn_gqa"), "sweep", {"decode"})
+    assert [c.sizes["Skv"] for c in decode] == [1024, 4096, 32768]
 
 
 def test_the_baselines_import_without_torch_and_cover_the_catalog():
@@ -120,3 +132,11 @@ def test_the_plots_of_a_recorded_run(tmp_path):
                                                "gpu_bench_attn_global_prefill.png", "gpu_bench_softmax_default.png"]
     for path in written:
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+
+
+def test_a_case_without_products_is_reported_against_a_copy_of_as_many_bytes():
+    data = json.loads(SAMPLE.read_text())
+    rec = next(r for r in data["cases"] if not r.get("flops") and "ms" in r["candidates"]["polyfuse"])
+    copy = {**rec, "copy_ms": rec["candidates"]["polyfuse"]["ms"] * 0.95}
+    assert "(95% of copy)" in "\n".join(table([copy]))
+    assert "of copy" not in "\n".join(table([rec]))

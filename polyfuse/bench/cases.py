@@ -1,9 +1,11 @@
 """Which sizes a benchmark runs: an operator's benchmark presets, its test sizes, or a sweep of one size axis.
 
-A sweep scales the axis of each preset by ``2**k`` for ``k`` in :data:`SWEEP_STEPS` (a quarter to four times
-the model shape), so that a rule of the code generator is judged on more than one shape. The axis is the size
-the work grows with: queries = keys for attention prefill, the keys for decode, the reduced length of the row
-reductions, the rows of the products.
+A sweep moves one axis of each preset, so that a rule of the code generator is judged on more than one shape.
+The axis is the size the work grows with: queries = keys for attention prefill, the keys for decode, the reduced
+length of the row reductions, the rows of the products.  Where the axis has values of its own
+(:attr:`SweepAxis.values`: the row lengths 1024–32768, decode's 1024–32768 keys, prefill's 1024–16384 queries,
+the shapes the code generator's rules change at) those are run; otherwise the preset's value is scaled by
+``2**k`` for ``k`` in :data:`SWEEP_STEPS` (a quarter to four times the model shape).
 """
 
 from __future__ import annotations
@@ -20,17 +22,27 @@ SWEEP_STEPS = (-2, -1, 0, 1, 2)
 
 @dataclass(frozen=True)
 class SweepAxis:
-    """The sizes a sweep sets (all to one value) and the label of the case keys (``prefill_s1024``)."""
+    """The sizes a sweep sets (all to one value), the label of the case keys (``prefill_s1024``) and the values
+    it runs (empty: the preset's value scaled by :data:`SWEEP_STEPS`)."""
 
     names: tuple[str, ...]
     label: str
+    values: tuple[int, ...] = ()
 
+
+ROW_LENGTHS = (1024, 4096, 8192, 32768)
+"""Row lengths of the row reductions' sweep: rows that fit in registers, in shared memory, and rows that roll."""
+DECODE_KEYS = (1024, 4096, 32768)
+"""Keys of the decode sweep (each decode preset: batch 1 and 32)."""
+PREFILL_LENGTHS = (1024, 2048, 4096, 8192, 16384)
+"""Queries = keys of the prefill sweep."""
 
 _AXES = {
-    **{name: SweepAxis(("M",), "m") for name in ("softmax_sum", "softmax", "logsumexp", "l2norm_stable",
-                                                 "rmsnorm_amax", "sum_sum", "layernorm_stats", "quant_gemm",
-                                                 "quant_gemm_fp8")},
-    "variance": SweepAxis(("L",), "l"),
+    **{name: SweepAxis(("M",), "m", ROW_LENGTHS) for name in ("softmax_sum", "softmax", "logsumexp",
+                                                              "l2norm_stable", "rmsnorm_amax", "sum_sum",
+                                                              "layernorm_stats")},
+    **{name: SweepAxis(("M",), "m") for name in ("quant_gemm", "quant_gemm_fp8")},
+    "variance": SweepAxis(("L",), "l", ROW_LENGTHS),
     "inertia": SweepAxis(("N",), "n"),
     "moe_routing": SweepAxis(("S",), "s"),
     "performer": SweepAxis(("L",), "l"),
@@ -54,7 +66,8 @@ class Case:
 
 def sweep_axis(name: str, mode: str) -> SweepAxis:
     if name.startswith("attn_"):
-        return SweepAxis(("Sq", "Skv"), "s") if mode == "prefill" else SweepAxis(("Skv",), "skv")
+        return (SweepAxis(("Sq", "Skv"), "s", PREFILL_LENGTHS) if mode == "prefill"
+                else SweepAxis(("Skv",), "skv", DECODE_KEYS))
     try:
         return _AXES[name]
     except KeyError:
@@ -85,8 +98,8 @@ def cases(op: Operator, which: str, wanted: set[str] = frozenset(),
     for key, mode, sizes in presets:
         axis = sweep_axis(op.name, mode)
         base = sizes[axis.names[0]]
-        for step in SWEEP_STEPS:
-            value = max(1, base * 2**step if step >= 0 else base >> -step)
+        values = axis.values or tuple(max(1, base * 2**k if k >= 0 else base >> -k) for k in SWEEP_STEPS)
+        for value in values:
             swept = op.sizes(mode, {**sizes, **dict.fromkeys(axis.names, value)})
             found.append(Case(op.name, f"{key}_{axis.label}{value}", mode, swept, key, axis.names))
     return found

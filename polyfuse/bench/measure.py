@@ -324,6 +324,16 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
                 rec["fatal"] = broken
                 rec["notes"].append(broken)
                 break
+    if not rec["flops"] and not rec.get("fatal"):
+        # The bandwidth a memory-bound kernel can reach, measured in the same run: a device-to-device copy that
+        # reads and writes as many bytes as the case's inputs and outputs.
+        try:
+            src = torch.empty(rec["bytes"] // 2, dtype=torch.uint8, device=DEVICE)
+            dst = torch.empty_like(src)
+            progress("copy")
+            rec["copy_ms"] = timer(lambda: dst.copy_(src))
+        except Exception as err:
+            rec["notes"].append(f"copy: {one_line(err)}")
     if "polyfuse" in results and "eager" in results:
         widened = dict(tol)
         eager_check = rec["candidates"]["eager"].get("check", {})

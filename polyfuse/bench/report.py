@@ -52,6 +52,8 @@ def summary(rec: Mapping[str, Any]) -> dict[str, Any]:
     if pf:
         row["tflops"] = rec["flops"] / (pf * 1e9) if rec.get("flops") else None
         row["gbps"] = rec["bytes"] / (pf * 1e6)
+        if rec.get("copy_ms"):
+            row["of_copy"] = rec["copy_ms"] / pf  # (the same bytes: the ratio of the bandwidths)
     return row
 
 
@@ -92,6 +94,8 @@ def table(records: list[Mapping[str, Any]]) -> list[str]:
         sdpa = f"{s['best_sdpa'][0]:.3f} ({s['best_sdpa'][1]})" if s["best_sdpa"] else "–"
         other = f"{_f(s['best_other_ratio'], '.2f')} ({s['best_other'][1]})" if s["best_other"] else "–"
         through = f"{s['gbps']:.0f} GB/s" if s.get("gbps") else "–"
+        if s.get("of_copy"):
+            through += f" ({s['of_copy']:.0%} of copy)"
         if s.get("tflops"):
             through = f"{s['tflops']:.1f} TFLOP/s, {through}"
         cells = [rec["operator"], rec["mode"], rec["sizes_text"], _f(s["polyfuse_ms"], ".4f"), _f(s["eager_ms"], ".4f"),
@@ -131,7 +135,8 @@ def markdown(records: list[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
              f"`{meta['command']}`", "",
              "Times in ms; a ratio is the other's time over polyfuse's (above 1: polyfuse is faster). "
              "Throughput is polyfuse's: TFLOP/s of the products (attention: visible pairs only) and GB/s of "
-             "inputs + outputs. "
+             "inputs + outputs; for a case without products, also as a fraction of a device-to-device copy of as "
+             "many bytes (half read, half written) timed in the same run. "
              "Correctness: polyfuse against the NumPy reference (`ref*`: on a subset, see the notes) and against "
              "eager (tolerance widened by eager's own error); the largest absolute error in parentheses.", "",
              *table(records), "", "## Notes", ""]
