@@ -126,6 +126,20 @@ def test_fast_exp_only_where_every_output_is_16_bit(sources, name, mode):
     assert fast == name.startswith("attn"), name
 
 
+PREFILL = [n for n in ops.names() if "prefill" in ops.get(n).modes and has_default_schedule(n, "prefill")]
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", PREFILL)
+def test_hopper_prefill_kernels_compile_at_the_bench_sizes(name):
+    # The kernels the H100 runs: warpgroup products, the producer warpgroup, setmaxnreg, mbarriers (sm_90a).
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    source = emit(_tiles(name, "prefill", **ops.get(name).presets["prefill"]), CUDA)
+    assert "pf::setmaxnreg_inc<" in source.text and "pf::wgmma_m64n64k16_f16_rs<1, 0>" in source.text
+    compile_gpu(source.text, f"hopper_{name}", "cuda", source.target.arch, options=WERROR, compile_only=True)
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("width", [16, 64])
 @pytest.mark.parametrize("options", [
