@@ -36,6 +36,14 @@ the loop are read from memory before it and written back after it where another 
 ``out``) are computed from the registers instead (:func:`epilogue`), so that O and the statistics need no
 shared memory at all.
 
+On a device with warpgroup products (sm_90a) the same loop multiplies with ``wgmma.m64n64k16`` (:func:`_warpgroup`):
+the four warps of a warpgroup own 64 rows, each still in the per-warp m16n8 layout above (the wgmma accumulator
+layout is that one, repeated), so nothing else changes; the operands in shared memory are staged into
+128-byte-swizzled panels of 64 columns that the product reads through descriptors, and ``a`` from registers is
+packed exactly as for ``mma.sync``.  Where every product can be one, a **producer warpgroup** of its own copies
+the operand tiles into two stages tracked by mbarriers and gives its registers to the computing warps
+(:func:`_producer`, :func:`_specialised`), which then never wait at a block barrier.
+
 A loop qualifies (:func:`plan`) where its body is tile statements only, each writing an f32 temporary at one
 index that does not move with the loop, every statement having one *row* axis (a product's ``m``, or the axis
 that indexes a row tensor's row dimension) and at most one *column* axis; every read of a loop tensor is of
