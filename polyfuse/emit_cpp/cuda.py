@@ -34,7 +34,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragment_emit, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -165,7 +165,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         if lp.fragments is not None:
             kept = tuple((t.buffer, t.nbytes) for t in lp.streams.kept) if lp.streams is not None else ()
             mark = self.scratch
-            fragments.emit(self, s, lp.fragments, lp.offsets, kept)
+            fragment_emit.emit(self, s, lp.fragments, lp.offsets, kept)
             self.scratch = mark
             return
         for acc in lp.accumulators.values():

@@ -1,0 +1,599 @@
+"""Printing a loop in warp fragments (:mod:`polyfuse.emit_cpp.fragments` plans it): the registers, the copies of
+its operand tiles (in step with a block barrier, or by a producer warpgroup through mbarriers), each statement
+on the thread's fragment elements, its products (``mma.sync`` with ldmatrix, or warpgroup ``wgmma``), and the
+epilogue from the registers.  Nothing here decides: every choice is in the :class:`~.fragments.FragmentLoop`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
+from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
+from polyfuse.emit_cpp.fragments import (
+    BARRIER_BYTES, PRODUCER_REGISTERS, PRODUCER_WARPS, STAGES, STRIP, WARPGROUP_ROWS, FragmentLoop, FragmentStmt,
+    Held, SharedValue, _body, _constant, _reductions,
+)
+from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
+from polyfuse.emit_cpp.stream import consume
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.dtypes import DType
+from polyfuse.ir.expr import Expr
+from polyfuse.ir.stmt import Loop
+from polyfuse.tiling.htile import Dot, Slice, TileLoad, TileStore, axes_of, axis_sizes, walk_tile_expr
+
+if TYPE_CHECKING:
+    from polyfuse.emit_cpp.cuda import CudaEmitter
+
+
+def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, int],
+         kept: tuple[tuple[str, int], ...]) -> None:
+    """``loop`` and its epilogue as ``fl`` says; ``kept``: the loop's kept tiles (buffer, bytes), declared here."""
+    body = _body(loop)
+    assert body is not None
+    held = {h.name: h for h in fl.held}
+    em.line(f"// loop {loop.var.name} in warp fragments: each warp holds {STRIP} whole rows of every tile")
+    em.open("")
+    em.line(f"const int pf_warp = pf_tid / {em.warp}, pf_lane = pf_tid % {em.warp};")
+    for name, nbytes in (*kept, *fl.buffers):
+        em.shared_array("uint16_t", name, nbytes, offsets[name], fl.align)
+    if fl.producer:
+        assert fl.barriers is not None
+        em.shared_array("uint64_t", fl.barriers, BARRIER_BYTES, offsets[fl.barriers])
+        _specialised(em, loop, fl, body, held)
+    else:
+        _in_step(em, loop, fl, body, held)
+    em.close()
+    em.barrier()
+
+
+def _in_step(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStore, ...],
+             held: Mapping[str, Held]) -> None:
+    """Every warp copies and computes: the copies of an iteration published by a block barrier."""
+    _load_held(em, fl)
+    copies = any(st.dot is not None and any(op.source in ("kept", "cp.async") for op in (st.dot.a, st.dot.b)
+                                              if op is not None) for st in fl.stmts.values())
+    var, t = loop.var.name, em.widths.loop
+    extent = em.scalar(loop.extent, {})
+    if fl.prefetch:
+        em.open(f"if ({extent} > 0)")  # the first iteration's copies
+        em.line(f"const {t} {var} = 0;")
+        _issue(em, fl, body, "first", var)
+        em.close()
+        em.line("pf::cp_async_commit();")
+    em.open(em.loop_header(loop))
+    if fl.prefetch:
+        # This iteration's tiles have landed; after the barrier every warp is past the previous iteration's
+        # products, so the other buffer is free for the next iteration's copies.
+        em.line("pf::cp_async_wait<0>();")
+        if fl.warpgroups:
+            em.line("pf::fence_async_shared();  // (the copies, visible to the warpgroup products)")
+        em.barrier()
+        arrays = _issue(em, fl, body, "read", var)
+        em.open(f"if ({var} + 1 < {extent})")
+        em.line(f"const {t} pf_next = {var} + 1;")
+        em.open("")
+        em.line(f"const {t} {var} = pf_next;  // the next iteration's tiles")
+        _issue(em, fl, body, "next", var)
+        em.close()
+        em.close()
+        em.line("pf::cp_async_commit();")
+        waits: dict[str, int | None] = {b: None for b in fl.stmts}
+    else:
+        em.barrier()  # the previous iteration's products have read the buffers this one refills
+        arrays, single = _issue_each(em, fl, body)
+        waits = dict(single)
+    _iteration(em, fl, body, held, arrays, waits)
+    em.close()
+    if copies:
+        em.line("pf::cp_async_wait<0>();")
+    _finish(em, fl, held)
+
+
+def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStore, ...],
+                 held: Mapping[str, Held]) -> None:
+    """Warp specialisation: the last warpgroup copies iteration ``j``'s operand tiles into stage ``j % 2`` once
+    the computing warps have released it (``empty``), each of its threads arriving on ``full`` when its copies
+    land; the computing warps wait for ``full``, compute, and arrive on ``empty``.  The producer gives registers
+    back and the others take them (``setmaxnreg``: the computing warps hold every tile in registers).  The tiles
+    copied once (the query tile) are copied by every thread before the roles split.  mbarrier phases: stage
+    ``s`` completes phase ``j / 2`` at iteration ``j``, so ``full`` is waited with parity ``(j / 2) & 1`` and
+    ``empty`` (for the iteration two before) with the other one."""
+    bars, var = fl.barriers, loop.var.name
+    computing = -(-fl.rows // STRIP) * em.warp
+    producers = PRODUCER_WARPS * em.warp
+    extent = em.scalar(loop.extent, {})
+    em.open(f"if ({extent} > 0)")
+    em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
+    _issue(em, fl, body, "kept", var)
+    em.close()
+    em.line("pf::cp_async_commit();")
+    em.line("pf::cp_async_wait<0>();")
+    em.line("pf::fence_async_shared();")
+    em.open("if (pf_tid == 0)")
+    for stage in range(STAGES):
+        em.line(f"pf::mbarrier_init(&{bars}[{stage}], {producers});  // full: one arrival per copying thread")
+        em.line(f"pf::mbarrier_init(&{bars}[{STAGES + stage}], {computing});  // empty: every computing thread")
+    em.close()
+    em.barrier()
+    em.open(f"if (pf_tid >= {computing})")
+    em.line(f"pf::setmaxnreg_dec<{PRODUCER_REGISTERS}>();")
+    em.open(em.loop_header(loop))
+    em.line(f"if ({var} >= {STAGES}) pf::mbarrier_wait(&{bars}[{STAGES} + ({var} & 1)], (({var} >> 1) & 1) ^ 1);")
+    with em.threads_as(f"pf_tid - {computing}", producers):
+        _issue(em, fl, body, "next", var)
+    em.line(f"pf::cp_async_arrive(&{bars}[{var} & 1]);")
+    em.close()
+    em.line("pf::cp_async_wait<0>();")
+    em.close()
+    em.open("else")
+    em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
+    _load_held(em, fl)
+    em.open(em.loop_header(loop))
+    em.line(f"pf::mbarrier_wait(&{bars}[{var} & 1], ({var} >> 1) & 1);")
+    em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
+    arrays = _issue(em, fl, body, "read", var)
+    _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts})
+    em.line(f"pf::mbarrier_arrive(&{bars}[{STAGES} + ({var} & 1)]);")
+    em.close()
+    _finish(em, fl, held)
+    em.close()
+
+
+def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
+    """Declare the registers that outlive an iteration, reading those the loop keeps in memory."""
+    for h in fl.held:
+        if not h.per_iteration:
+            em.line(h.declaration())
+        if h.memory:
+            _each(em, fl.rows, h, lambda h, env: em.line(
+                f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
+
+
+def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], held: Mapping[str, Held],
+               arrays: Mapping[tuple[str, str], str], waits: Mapping[str, int | None]) -> None:
+    """One iteration's statements on the registers (``arrays``: the operands in shared memory)."""
+    for h in fl.held:
+        if h.per_iteration:
+            em.line(h.declaration())
+    shared: list[Expr] = []
+    try:
+        for s in body:
+            for v in fl.shared:
+                if v.before == s.block:
+                    _shared_value(em, fl, held, v)
+                    shared += v.nodes
+            _statement(em, fl, held, s, arrays, waits.get(s.block))
+    finally:
+        for node in shared:
+            em.overrides.pop(node, None)
+
+
+def _finish(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held]) -> None:
+    """The epilogue's statements from the registers, and the tensors the loop keeps in memory written back."""
+    for s in fl.epilogue:
+        _statement(em, fl, held, s, {}, None)
+    for h in fl.held:
+        if h.memory:
+            _each(em, fl.rows, h, lambda h, env: em.line(
+                f"{em.access(em.tensors[h.name], h.index, env)} = {em.to_storage(h.element, dt.f32)};"),
+                  writer=True)
+
+
+def _each(em: CudaEmitter, rows: int, h: Held, body: Callable[[Held, dict[str, str]], None],
+          writer: bool = False) -> None:
+    """``body(h, env)`` for every element of ``h`` the thread holds (``writer``: real rows only, and one lane per
+    row of a row vector)."""
+    index_axes = {d: i.axis for d, i in enumerate(h.index) if isinstance(i, Slice)}
+    _rows(em, index_axes[h.row_dim], rows)
+    if writer and rows % STRIP:
+        em.open(f"if (pf_m < {rows})")
+    if h.col_dim is not None:
+        _cols(em, index_axes[h.col_dim], h.cols)
+        body(h, {index_axes[h.row_dim]: axis_var(index_axes[h.row_dim]),
+                 index_axes[h.col_dim]: axis_var(index_axes[h.col_dim])})
+        em.close()
+        em.close()
+    else:
+        em.open("if (pf_lane % 4 == 0)" if writer else "")
+        body(h, {index_axes[h.row_dim]: axis_var(index_axes[h.row_dim])})
+        em.close()
+    if writer and rows % STRIP:
+        em.close()
+    em.close()
+
+
+def _rows(em: CudaEmitter, axis: str, rows: int) -> None:
+    """Open the loop over the thread's two rows (``pf_h``; ``pf_m`` the row), binding ``axis`` to the row.  Past
+    ``rows`` (the last strip's padding) the axis is the last row: those registers compute a copy of it, read
+    nothing out of bounds and are never written back."""
+    em.line("#pragma unroll")
+    em.open("for (int pf_h = 0; pf_h < 2; ++pf_h)")
+    em.line(f"const int pf_m = pf_warp * {STRIP} + {M16N8.row('pf_lane', 'pf_h')};")
+    row = "pf_m" if rows % STRIP == 0 else f"(pf_m < {rows} ? pf_m : {rows - 1})"
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(axis)} = {row};")
+
+
+def _cols(em: CudaEmitter, axis: str, size: int) -> None:
+    """Open the loops over the thread's columns of a ``size``-wide tile (``pf_nb``, ``pf_j``; register ``pf_q``),
+    binding ``axis`` to the column."""
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {size // 8}; ++pf_nb)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+    em.line("[[maybe_unused]] const int pf_q = pf_h * 2 + pf_j;")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(axis)} = pf_nb * 8 + {M16N8.col('pf_lane', 'pf_j')};")
+
+
+def _buffer(fl: FragmentLoop, name: str, var: str) -> str:
+    """C text of a staging buffer's part for the iteration ``var`` names (with prefetch, two alternate)."""
+    if not fl.prefetch:
+        return name
+    half = dict(fl.buffers)[name] // 4  # 16-bit elements of one of its two parts
+    return f"({name} + ({var} & 1) * {half})"
+
+
+def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode: str, var: str
+           ) -> dict[tuple[str, str], str]:
+    """With prefetch: the copies of the iteration whose loop variable ``var`` is in scope (``first``: before the
+    loop, kept tiles too; ``next``: the next iteration's; ``kept``: the kept tiles only) or (``read``) only the
+    arrays this iteration's products read.  Returns each memory operand's array by (block, role)."""
+    arrays: dict[tuple[str, str], str] = {}
+    for st, role, op, low in _memory_operands(em, fl, body):
+        if op.source == "kept":
+            assert op.buffer is not None
+            arrays[(st.block, role)] = op.buffer
+            if mode in ("first", "kept"):
+                copy_async(em, op.staged, low, op.buffer)
+            continue
+        arr = _buffer(fl, st.buffers[role], var)
+        arrays[(st.block, role)] = arr
+        if mode in ("first", "next"):
+            _stage(em, op, low, arr)
+    return arrays
+
+
+def _memory_operands(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]):
+    """(statement plan, role, operand plan, 16-bit type) of every product operand that comes from memory, in
+    order, with the emitter's axis sizes set to its statement's."""
+    for s in body:
+        st = fl.stmts[s.block]
+        if st.dot is None:
+            continue
+        em.sizes = axis_sizes(s)
+        low = st.dot.low
+        assert low is not None
+        for role, op in (("a", st.dot.a), ("b", st.dot.b)):
+            assert op is not None
+            if op.source != "registers":
+                yield st, role, op, low
+
+
+def _stage(em: CudaEmitter, op: OperandPlan, low: DType, arr: str) -> None:
+    """Copy or convert operand ``op`` into ``arr`` (cp.async where raw, else through registers)."""
+    if op.source == "cp.async":
+        for part, offset in op.parts:
+            copy_async(em, part, low, f"({arr} + {offset})" if offset else arr)
+    elif not (op.source == "raw" and stage_raw(em, op.staged, low, arr)) and not stage_vector(
+            em, op.staged, LOW[low.name], arr):
+        stage_elements(em, op.staged, LOW[low.name], arr)
+
+
+def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
+                ) -> tuple[dict[tuple[str, str], str], dict[str, int]]:
+    """Without prefetch: stage every memory operand of the iteration's products, in order, at its top (the
+    cp.async copies of each product one group).  Returns each operand's array by (block, role), and by block
+    the number of copy groups committed at every iteration after the product's own: what its wait may leave in
+    flight (a tile kept from the first iteration commits only then, so it is not counted: waiting for fewer is
+    safe)."""
+    arrays: dict[tuple[str, str], str] = {}
+    groups: list[tuple[str, int]] = []
+    for block, operands in itertools.groupby(_memory_operands(em, fl, body), key=lambda x: x[0].block):
+        count, own_async = 0, False
+        for st, role, op, low in operands:
+            if op.source in ("kept", "held"):
+                arr = em.fresh(f"t{role}")
+                consume(em, op, low, arr)  # (a kept tile commits its own group)
+                count += int(op.source == "kept" and op.every_iteration)
+            else:
+                arr = st.buffers[role]
+                _stage(em, op, low, arr)
+                own_async = own_async or op.source == "cp.async"
+            arrays[(block, role)] = arr
+        if own_async:
+            em.line("pf::cp_async_commit();")
+            count += 1
+        groups.append((block, count))
+    waits: dict[str, int] = {}
+    later = 0
+    for block, count in reversed(groups):
+        waits[block] = later
+        later += count
+    return arrays, waits
+
+
+def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore,
+               arrays: Mapping[tuple[str, str], str], wait: int | None) -> None:
+    """Statement ``s`` on the thread's fragment elements: into its registers, or (the epilogue) into memory
+    for the real rows.  ``wait``: copy groups its product may leave in flight before its barrier (None: the
+    iteration's copies have been waited for)."""
+    st = fl.stmts[s.block]
+    em.sizes = axis_sizes(s)
+    em.materialized = {}
+    em.line(f"// {s.block}")
+    em.open("")
+    env = {a: axis_var(a) for a in em.sizes}
+    added: list[Expr] = []
+
+    def override(node: Expr, text: str) -> None:
+        em.overrides[node] = text
+        added.append(node)
+
+    value_expr = st.value if st.value is not None else s.value
+    exprs = [value_expr, *([s.mask] if s.mask is not None else [])]
+    added += _load_overrides(em, held, exprs, env)
+    try:
+        for r in _reductions(exprs):
+            # The thread's columns in fl.chains independent partials (column tiles in turn), combined in a tree,
+            # then the four lanes of the row by shuffles: short dependency chains.  (A reduction's order is
+            # free: max and min are exact, f32 sums are within the tolerance's term for any order.)
+            name, ct = em.fresh("fr"), em.reduce_type(r)
+            em.line(f"{ct} {name}[2];")
+            _rows(em, st.row, fl.rows)
+            for x in st.row_parts[r.tile]:
+                part = em.fresh("row")
+                em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {part} = {em.scalar(x, env)};")
+                override(x, part)
+            acc = em.fresh("acc")
+            chains = min(fl.chains, 2 * (em.sizes[r.axis] // 8))
+            em.line(f"{ct} {acc}[{chains}];")
+            em.line("#pragma unroll")
+            em.line(f"for (int pf_c = 0; pf_c < {chains}; ++pf_c) {acc}[pf_c] = {_REDUCE_INIT[r.op]};")
+            _cols(em, r.axis, em.sizes[r.axis])
+            at = f"{acc}[(pf_nb * 2 + pf_j) % {chains}]"
+            em.line(f"{at} = {em.combine(r.op, at, em.scalar(r.tile, env), ct)};")
+            em.close()
+            em.close()
+            step = chains // 2
+            while step:
+                em.line("#pragma unroll")
+                em.line(f"for (int pf_c = 0; pf_c < {step}; ++pf_c) "
+                        f"{acc}[pf_c] = {em.combine(r.op, f'{acc}[pf_c]', f'{acc}[pf_c + {step}]', ct)};")
+                step //= 2
+            em.line(f"{ct} {acc}_row = {acc}[0];")
+            em.shuffle_combine(r.op, f"{acc}_row", ct, 4)  # the four lanes of the row
+            em.line(f"{name}[pf_h] = {em.reduce_result(r, f'{acc}_row')};")
+            em.close()
+            override(r, f"{name}[pf_h]")
+        if st.dot is not None:
+            e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
+            acc = _product(em, fl, st, e, env, arrays, wait)
+            total = f"{acc}[pf_nb][pf_q]"
+            zero = _constant(e.acc)
+            if zero is None or zero.value != 0:  # (the accumulators started at +0)
+                total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
+            override(e, total)
+        if st.unmasked is not None:
+            # Where no element of this iteration's tile is masked (the main part of a causal or windowed
+            # loop, a tile away from a ragged edge), the elements are computed without the masks.
+            em.open(f"if ({em.scalar(st.unmasked[0], {})})")
+            _elements(em, fl, held, s, st, st.unmasked[1], env)
+            em.close()
+            em.open("else")
+        _elements(em, fl, held, s, st, value_expr, env)
+        if st.unmasked is not None:
+            em.close()
+    finally:
+        for node in added:
+            em.overrides.pop(node, None)
+    em.close()
+
+
+def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore, st: FragmentStmt,
+              value_expr: Expr, env: dict[str, str]) -> None:
+    """The elementwise pass of statement ``s``: ``value_expr`` at every element the thread holds, into its
+    registers or (the epilogue) into memory for the real rows."""
+    target = held.get(s.tensor.name)
+    _rows(em, st.row, fl.rows)
+    if target is None and fl.rows % STRIP:
+        em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
+    parts: list[Expr] = []
+    if st.col is not None:
+        for x in st.row_parts[value_expr]:
+            name = em.fresh("row")
+            em.line(f"[[maybe_unused]] const {em.ctype(x.dtype)} {name} = {em.scalar(x, env)};")
+            if x not in em.overrides:
+                em.overrides[x] = name
+                parts.append(x)
+        _cols(em, st.col, em.sizes[st.col])
+    if target is not None:
+        value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
+        if s.mask is not None:
+            value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
+        em.line(f"{target.element} = {value};")
+    else:
+        em.assign(s, env)
+    if st.col is not None:
+        em.close()
+        em.close()
+    if target is None and fl.rows % STRIP:
+        em.close()
+    em.close()
+    for x in parts:  # (their variables are out of scope now)
+        del em.overrides[x]
+
+
+def _shared_value(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], v: SharedValue) -> None:
+    """Compute shared value ``v`` into its registers; statements read it from there (an override)."""
+    em.line(f"// computed once for the statements that use it: {v.register}")
+    em.line(f"float {v.register}{f'[{v.cols // 8}][4]' if v.col is not None else '[2]'};")
+    node = v.nodes[0]
+    env = {a: axis_var(a) for a in axes_of(node)}
+    added = _load_overrides(em, held, [node], env)
+    try:
+        _rows(em, v.row, fl.rows)
+        if v.col is not None:
+            _cols(em, v.col, v.cols)
+        element = f"{v.register}[pf_nb][pf_q]" if v.col is not None else f"{v.register}[pf_h]"
+        em.line(f"{element} = {em.convert(em.scalar(node, env), node.dtype, dt.f32)};")
+        if v.col is not None:
+            em.close()
+            em.close()
+        em.close()
+    finally:
+        for node in added:
+            em.overrides.pop(node, None)
+    for n in v.nodes:
+        em.overrides[n] = element
+
+
+def _load_overrides(em: CudaEmitter, held: Mapping[str, Held], exprs: list[Expr], env: dict[str, str]) -> list[Expr]:
+    """Make every load of a held tensor in ``exprs`` read its register (masked loads: under the mask, else
+    ``other``); returns the nodes overridden."""
+    added: list[Expr] = []
+    for x in exprs:
+        for n in walk_tile_expr(x):
+            if isinstance(n, TileLoad) and n.tensor.name in held and n not in em.overrides:
+                element = held[n.tensor.name].element
+                if n.mask is not None:
+                    other = em.literal(n.other.value if n.other is not None else 0, n.tensor.dtype)
+                    element = f"({em.scalar(n.mask, env)} ? {element} : {other})"
+                em.overrides[n] = element
+                added.append(n)
+    return added
+
+
+def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
+             arrays: Mapping[tuple[str, str], str], wait: int | None) -> str:
+    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``); returns the name."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
+    low = LOW[plan.low.name]
+    a, b = plan.a.staged, plan.b.staged
+    ntiles = b.rows_pad // 8
+    acc = em.fresh("fc")
+    em.line(f"float {acc}[{ntiles}][4] = {{}};")
+    split = a.split
+    if not st.a_registers:
+        sa = arrays[(st.block, "a")]
+    sb = arrays[(st.block, "b")]
+    if wait is not None:
+        em.line(f"pf::cp_async_wait<{wait}>();")
+        if plan.instruction == WGMMA:
+            em.line("pf::fence_async_shared();")
+        em.barrier()
+    if plan.instruction == WGMMA:
+        _warpgroup_product(em, fl, st, e, env, acc, None if st.a_registers else sa, sb)
+        return acc
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_ks = 0; pf_ks < {a.kp // 16}; ++pf_ks)")
+    if st.a_registers:
+        em.line("uint32_t pf_fa[4];")
+        if split:
+            em.line("uint32_t pf_fa_lo[4];")
+        _register_a(em, fl, st, e, env, "pf_fa", "pf_fa_lo" if split else None)
+    else:
+        fa = LdmatrixFragment("a", a.trans)
+        at = fa.address("pf_lane", "pf_warp", "pf_ks * 16", a.stride)
+        for name, offset in (("pf_fa", ""), ("pf_fa_lo", f"{a.size} + ")) if split else (("pf_fa", ""),):
+            em.line(f"uint32_t {name}[4];")
+            em.line(f"{fa.instruction}({name}, &{sa}[{offset}{at}]);")
+    fb = LdmatrixFragment("b", b.trans, plan.pair)
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_nb = 0; pf_nb < {ntiles}; pf_nb += {plan.pair})")
+    at = fb.address("pf_lane", "pf_nb", "pf_ks * 16", b.stride)
+    parts = (("pf_fb", ""), ("pf_fb_lo", f"{b.size} + ")) if b.split else (("pf_fb", ""),)
+    for name, offset in parts:
+        em.line(f"uint32_t {name}[{fb.registers}];")
+        em.line(f"{fb.instruction}({name}, &{sb}[{offset}{at}]);")
+        for j in range(plan.pair if plan.pair > 1 else 0):  # (one ldmatrix.x4: two tiles' fragments)
+            em.line(f"const uint32_t {name}_{j}[2] = {{{name}[{2 * j}], {name}[{2 * j + 1}]}};")
+    products = [("pf_fa", "pf_fb"), *((("pf_fa_lo", "pf_fb"),) if split else ()),
+                *((("pf_fa", "pf_fb_lo"),) if b.split else ())]
+    for fa_name, fb_name in products:
+        for j in range(plan.pair):
+            operand = f"{fb_name}" if plan.pair == 1 else f"{fb_name}_{j}"
+            em.line(f"pf::mma_{low}({acc}[pf_nb{f' + {j}' if j else ''}], {fa_name}, {operand});")
+    em.close()
+    em.close()
+    return acc
+
+
+def _register_a(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str], fa: str,
+                fa_lo: str | None) -> None:
+    """The A fragment of k step ``pf_ks`` of a product whose ``a`` is computed from registers, into the four
+    registers ``fa`` (and the lo parts into ``fa_lo`` where split).
+
+    a's values of the step (two 8-column tiles of the registers' columns) are computed here, so that only one
+    step's are live, then packed in pairs: registers 0-3 are (row g, k 2t..), (g + 8, 2t..), (g, 2t + 8..),
+    (g + 8, 2t + 8..), the accumulator layout of tiles 2·step and 2·step + 1 (per warp, the same for
+    ``mma.sync`` and for the four warps of a warpgroup product)."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.low is not None
+    low = LOW[plan.low.name]
+    a = plan.a.staged
+    values = em.fresh("fa")
+    em.line(f"float {values}[2][4];  // a = {a.rows}x{a.kk} from registers, k {16} columns of this step")
+    _rows(em, st.row, fl.rows)
+    em.line("#pragma unroll")
+    em.open("for (int pf_t = 0; pf_t < 2; ++pf_t)")
+    em.line("#pragma unroll")
+    em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
+    em.line("[[maybe_unused]] const int pf_nb = 2 * pf_ks + pf_t, pf_q = pf_h * 2 + pf_j;")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(e.axis)} = pf_nb * 8 + "
+            f"{M16N8.col('pf_lane', 'pf_j')};")
+    em.line(f"{values}[pf_t][pf_q] = {em.convert(em.scalar(e.a, env), e.a.dtype, dt.f32)};")
+    em.close()
+    em.close()
+    em.close()
+    for r, (nb, q) in enumerate(((0, 0), (0, 2), (1, 0), (1, 2))):
+        pair = [f"{values}[{nb}][{q + j}]" for j in (0, 1)]
+        em.line(f"{fa}[{r}] = pf::pack_{low}({pair[0]}, {pair[1]});")
+        if fa_lo is not None:
+            rest = [f"pf::split_rest({p}, pf::round_{low}({p}))" for p in pair]
+            em.line(f"{fa_lo}[{r}] = pf::pack_{low}({rest[0]}, {rest[1]});")
+
+
+def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
+                       acc: str, sa: str | None, sb: str) -> None:
+    """The statement's product as warpgroup products into ``acc``: warpgroup ``pf_warp / 4`` multiplies its 64
+    rows of ``a`` (from swizzled ``sa``, or from registers where ``sa`` is None) by each 64-column chunk ``c``
+    of ``b`` (swizzled ``sb``) into tiles ``8c ..`` of ``acc``, one ``wgmma.m64n64k16`` per chunk and k step.
+
+    A wgmma reads its register operands asynchronously: every A fragment is computed before the fence that
+    precedes the first product, and the accumulators are read after the wait for all of them."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
+    a, b = plan.a.staged, plan.b.staged
+    steps = a.kp // 16
+    name = f"pf::wgmma_m64n64k16_{LOW[plan.low.name]}"
+    if sa is None:
+        em.line(f"uint32_t pf_fa[{steps}][4];  // every k step's A fragment, before the fence")
+        em.line("#pragma unroll")
+        em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
+        _register_a(em, fl, st, e, env, "pf_fa[pf_ks]", None)
+        em.close()
+    em.line("pf::wgmma_fence();")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
+    # Element offsets (k steps of 16 columns: 32 bytes along a K-major panel's rows, 16 rows of an N-major one).
+    k_major = "(pf_ks / 4) * {panel} + (pf_ks % 4) * 16"
+    if sa is not None:
+        at = k_major.format(panel=a.outer_pad * PANEL) + f" + (pf_warp / 4) * {WARPGROUP_ROWS * PANEL}"
+        em.line(f"const uint64_t pf_da = pf::wgmma_desc_k128({sa} + {at});")
+    for c in range(b.rows_pad // PANEL):
+        if b.trans:
+            at = f"{c * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
+        else:
+            at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * PANEL * PANEL}" if c else "")
+        db = f"pf::wgmma_desc_k128({sb} + {at})"
+        template = f"<{int(b.trans)}, {c}>"
+        if sa is None:
+            em.line(f"{name}_rs{template}({acc}, pf_fa[pf_ks], {db}, pf_ks > 0);")
+        else:
+            em.line(f"{name}{template}({acc}, pf_da, {db}, pf_ks > 0);")
+    em.close()
+    em.line("pf::wgmma_commit();")
+    em.line("pf::wgmma_wait<0>();")
