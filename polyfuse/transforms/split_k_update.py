@@ -13,7 +13,8 @@ loop reference serves every consumer of a chain):
   3. naive fusion: C is placed under L (only temporal producer -> C edges may break).
      A consumer whose producers were all privatized earlier reads nothing written under
      L; it is cut into contiguous parts of its reduction, one per iteration of L
-     (exact: Eq. 3 holds element by element, whichever elements a split holds).
+     (exact: Eq. 3 holds element by element, whichever elements a split holds); behind a
+     max/min producer, only where isl proves the parts are its splits, none of them empty.
      Each iteration of L must hold whole splits of every fresh producer and of C, run
      forward from their inits, with a reduce loop inside L
      (:func:`~polyfuse.transforms.fusion_loops.require_split_loop`);
