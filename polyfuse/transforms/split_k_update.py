@@ -13,7 +13,8 @@ loop reference serves every consumer of a chain):
   3. naive fusion: C is placed under L (only temporal producer -> C edges may break).
      A consumer whose producers were all privatized earlier reads nothing written under
      L; it is cut into contiguous parts of its reduction, one per iteration of L
-     (exact: Eq. 3 holds element by element, whichever elements a split holds).
+     (exact: Eq. 3 holds element by element, whichever elements a split holds); behind a
+     max/min producer, only where isl proves the parts are its splits, none of them empty.
      Each iteration of L must hold whole splits of every fresh producer and of C, run
      forward from their inits, with a reduce loop inside L
      (:func:`~polyfuse.transforms.fusion_loops.require_split_loop`);
@@ -63,7 +64,9 @@ import operator
 from collections.abc import Callable, Mapping
 
 from polyfuse import deps
+from polyfuse.deps.access import LOAD, STORE, block_accesses
 from polyfuse.deps.dependence import Dependence
+from polyfuse.deps.domains import param_names
 from polyfuse.errors import IllegalTransform, NoRepairFound
 from polyfuse.ir.expr import Const, Expr, Load, Var, cast, const
 from polyfuse.ir.stmt import Block, Loop, Program, Seq, Store, Tensor
@@ -254,19 +257,16 @@ def _place_by_partials(program: Program, block: str, local: dict[str, tuple[str,
 
     Preconditions:
       1. the consumer has one reduce iteration, and it and the split loop have constant extents;
-      2. no producer is a max/min: the parts need not be the producers' splits, which a repair does not
-         mind (Eq. 3 holds element by element) but the guard of a fully masked split would.
+      2. for a max/min producer, the parts are exactly its splits and none is empty (isl proves both,
+         :func:`_require_parts_are_splits`).  Any parts suit a repair (Eq. 3 holds element by element), but
+         the guard of a fully masked split drops a part's terms where the producer's split holds only ±inf,
+         and ``exp(x - m_local)`` stays at most 1 only where ``x`` is among the elements of ``m_local``.
     """
     c = program.block(block)
     splits = find_loop(program, anchor, loop).extent
     if len(c.reduce_iters) != 1 or not isinstance(c.reduce_iters[0].extent, Const) or not isinstance(splits, Const):
         raise IllegalTransform(f"{what}: block {block!r} reads no tensor written under loop {loop!r}; cutting its "
                                "reduction into the loop's splits needs one reduce iteration and constant extents")
-    for p, (name, _) in local.items():
-        if infinite_identity(program.block(name)):
-            raise IllegalTransform(f"{what}: block {block!r} reads no tensor written under loop {loop!r}, and its "
-                                   f"producer {p!r} is a {program.block(name).reducer.name}: cutting the consumer "  # type: ignore[union-attr]
-                                   "into parts of its own would break the guard of a fully masked split")
     j = c.reduce_iters[0]
     part = j.var // -(-j.extent.value // splits.value)  # type: ignore[attr-defined]
     swapped: dict[Load, Load] = {}
@@ -280,12 +280,69 @@ def _place_by_partials(program: Program, block: str, local: dict[str, tuple[str,
                 swapped[ld] = Load(partial.tensor, tuple(idx))
     reads_partials = c.replace(store=Store(c.store.tensor, c.store.indices, map_expr(
         c.store.value, lambda e: swapped.get(e) if isinstance(e, Load) else None)))
+    for p, (name, partial) in local.items():
+        if infinite_identity(program.block(name)):
+            _require_parts_are_splits(program, reads_partials, p, name, partial.tensor, loop,
+                                      splits.value, what)  # type: ignore[attr-defined]
     placed, _ = naive_reverse_compute_at(replace_block(program, reads_partials), block=block, loop_block=anchor,
                                          loop=loop)
     placed = replace_block(placed, placed.block(block).replace(store=c.store))
     info = deps.analyze(program, tensors=deps.tensors_of(c))
     return placed, deps.check_naive_fusion(info, placed, what=what)
 
+
+
+def _require_parts_are_splits(program: Program, consumer: Block, producer: str, local_name: str, partials: Tensor,
+                              loop: str, splits: int, what: str) -> None:
+    """Prove that ``consumer`` (reading the partials ``partials`` of max/min ``producer`` in its part ``j // f``)
+    cuts its reduction into exactly the producer's splits, none of them empty.
+
+    With ``X_rf[r, t]`` a partial result (``t`` its split), isl checks:
+      1. every partial the consumer reads holds at least one element (no ``where``/mask empties a split:
+         with S splits of ⌈E/S⌉ reduce iterations, ``(S-1)·⌈E/S⌉ < E``), so its guard never drops a part;
+      2. for each tensor both read, the elements the consumer reads in the part of ``X_rf[r, t]`` are
+         exactly those the producer's split ``t`` reduces into ``X_rf[r, t]``: ``exp(x - m_local) <= 1``.
+    """
+    params = param_names(program)
+    local_b = program.block(local_name)
+    p_acc = block_accesses(local_b, deps.iteration_domain(local_b, params), params)
+    c_acc = block_accesses(consumer, deps.iteration_domain(consumer, params), params)
+    p_write = next(a.relation for a in p_acc if a.role == STORE)
+    held = p_write.range()
+    parts = [a.relation for a in c_acc if a.is_read and a.tensor == partials.name]
+    cannot = (f"{what}: block {consumer.name!r} reads no tensor written under loop {loop!r}"
+              f" and its producer {producer!r} is a {local_b.reducer.name}, so its parts must be exactly the "  # type: ignore[union-attr]
+              "producer's splits, none of them empty")
+    for part in parts:
+        empty = part.range().subtract(held)
+        if not empty.is_empty():
+            raise IllegalTransform(
+                f"{cannot}; but partial {empty.lexmin()} of {local_name!r} holds no element (a where/mask, or "
+                f"{splits} splits of ⌈E/{splits}⌉ leave the last empty): the guard of a fully masked split would "
+                f"drop the consumer's part; choose a split count S with (S-1)·⌈E/S⌉ < E and no mask, or fuse "
+                f"{consumer.name!r} with {producer!r} in one split_k_update before privatizing it")
+    p_reads = [a for a in p_acc if a.is_read and a.role == LOAD]
+    shared = False
+    for c_read in (a for a in c_acc if a.is_read and a.tensor != partials.name):
+        mine = [a.relation for a in p_reads if a.tensor == c_read.tensor]
+        if not mine:
+            continue
+        shared = True
+        elements = functools.reduce(lambda u, v: u.union(v), mine)
+        by_split = p_write.reverse().apply_range(elements)
+        for part in parts:
+            by_part = part.reverse().apply_range(c_read.relation)
+            if not by_part.is_equal(by_split.intersect_domain(by_part.domain())):
+                witness = by_part.subtract(by_split).union(by_split.intersect_domain(by_part.domain())
+                                                            .subtract(by_part)).lexmin()
+                raise IllegalTransform(
+                    f"{cannot}; but {c_read.text} in the consumer's parts j // ⌈E/{splits}⌉ is not what the "
+                    f"producer's splits reduce ({witness} differs): exp(x - m_local) could exceed 1; split the "
+                    f"producer's reduction as [{splits}, None] over the consumer's elements, or fuse "
+                    f"{consumer.name!r} with {producer!r} in one split_k_update")
+    if not shared:
+        raise IllegalTransform(f"{cannot}; but it reads no tensor that {producer!r} reduces, so nothing shows "
+                               "that its parts are the producer's splits")
 
 def _instances(producer: Block) -> Expr:
     """How many elements a reduction sums per result: the product of its reduce extents (its ``where``, if
