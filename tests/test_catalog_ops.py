@@ -234,6 +234,10 @@ GENERIC_SIZES = ((1, 1), (1, 7), (13, 1), (2, 41), (7, 13))
 """Values of an operator's symbolic sizes (zipped with them in order): 1, primes, and a row length past the default."""
 
 
+NO_DEFAULT_FUSION = {"quant_gemm_fp8": "its fp8 rounding is not invertible: the default schedule raises "
+                                      "NoRepairFound at every size, so the plain program is compiled"}
+
+
 @pytest.mark.parametrize("name", GENERIC)
 def test_one_host_kernel_serves_every_symbolic_size(name):
     """The host kernel of the generic program, compiled once, matches NumPy at each of ``GENERIC_SIZES``."""
@@ -242,7 +246,8 @@ def test_one_host_kernel_serves_every_symbolic_size(name):
 
     op = ops.get(name)
     mode = op.modes[0]
-    kernel = build(default_schedule(name, mode, op.generic_program(mode)), "cpp")
+    program = op.generic_program(mode)
+    kernel = build(program if name in NO_DEFAULT_FUSION else default_schedule(name, mode, program), "cpp")
     assert set(kernel.kernel_source.sizes) == set(op.symbolic)
     for values in GENERIC_SIZES:
         given = dict(zip(op.symbolic, values, strict=False))

@@ -1,6 +1,7 @@
 """Normalisation and statistics (OPERATORS.md §C) as plain, unfused programs.
 
-One loop nest per step of the math; sizes are Python ints when a program is built.
+One loop nest per step of the math.  Every size is a size parameter of the host kernel
+(``Operator.symbolic``) except rmsnorm_amax's row length ``M`` (``RMSNORM_SYMBOLIC`` says why).
 Tolerances follow the f32 error model of :mod:`polyfuse.ops.softmax` (``U32 = 2^-24``
 per rounding, sequential sums add ``(n - 1)·U32·Σ|terms|``).  Where an output cancels
 (mixed signs, a subtracted mean) the absolute part of a tolerance bounds ``Σ|terms|``
