@@ -227,3 +227,38 @@ def test_performer_with_zero_keys_averages_v():
     out = interpret(op.program(), inputs)["out"]
     expected = np.broadcast_to(inputs["v"].mean(axis=2, keepdims=True), out.shape)
     assert np.allclose(out, expected, rtol=1e-5, atol=1e-6)
+
+
+GENERIC = [name for name in ops.names() if ops.get(name).symbolic]
+GENERIC_SIZES = ((1, 1), (1, 7), (13, 1), (2, 41), (7, 13))
+"""Values of an operator's symbolic sizes (zipped with them in order): 1, primes, and a row length past the default."""
+
+
+NO_DEFAULT_FUSION = {"quant_gemm_fp8": "its fp8 rounding is not invertible: the default schedule raises "
+                                      "NoRepairFound at every size, so the plain program is compiled"}
+
+
+@pytest.mark.parametrize("name", GENERIC)
+def test_one_host_kernel_serves_every_symbolic_size(name):
+    """The host kernel of the generic program, compiled once, matches NumPy at each of ``GENERIC_SIZES``."""
+    from polyfuse.ops.schedules import default_schedule
+    from polyfuse.pipeline import build
+
+    op = ops.get(name)
+    mode = op.modes[0]
+    program = op.generic_program(mode)
+    kernel = build(program if name in NO_DEFAULT_FUSION else default_schedule(name, mode, program), "cpp")
+    assert set(kernel.kernel_source.sizes) == set(op.symbolic)
+    for values in GENERIC_SIZES:
+        given = dict(zip(op.symbolic, values, strict=False))
+        sizes = op.sizes(mode, given)
+        inputs = op.inputs(3, mode, sizes)
+        result = ops.compare(kernel.run(inputs, **given), op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+        assert result.ok, f"{name} at {sizes}: {result.worst}"
+
+
+def test_generic_program_keeps_the_other_sizes_static():
+    op = ops.get("rmsnorm_amax")
+    assert op.symbolic == ("N",) and op.static_sizes() == {"M": 40}
+    program = op.generic_program(M=24)
+    assert [p.name for p in program.params] == ["N"] and str(program.tensor("x").shape[1]) == "24"

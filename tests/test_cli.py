@@ -18,12 +18,14 @@ import pytest
 import polyfuse.cli.demo
 import polyfuse.cli.stages
 import polyfuse.deps
+import polyfuse.pipeline
 from polyfuse import ops
 from polyfuse.cli import main
 from polyfuse.cli.demo import DEMO_OPERATORS
 from polyfuse.cli.stages import BACKEND_NAMES, BACKENDS, STAGE_NAMES, STAGES
 from polyfuse.errors import BackendUnavailable
 from polyfuse.ir.printer import program_from_source
+from polyfuse.runtime.cache import CACHE_ENV, cache_info
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_LINE = re.compile(r"^max_abs_err=\S+ max_rel_err=\S+ tol=\S+ (OK|FAIL)$")
@@ -299,3 +301,15 @@ def test_console_script_catalog():
     proc = run(script, "catalog")
     assert proc.returncode == 0, proc.stderr
     assert [line.split()[0] for line in proc.stdout.splitlines()] == OPERATORS
+
+
+@pytest.mark.parametrize(("name", "size", "kernels"), [("softmax", "M", 1), ("rmsnorm_amax", "N", 1),
+                                                       ("rmsnorm_amax", "M", 3)])
+def test_check_compiles_one_host_kernel_for_every_symbolic_size(capsys, monkeypatch, tmp_path, name, size, kernels):
+    """``check --backend cpp`` at three values of a symbolic size compiles one kernel; a static size one each."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(polyfuse.pipeline, "_KERNELS", type(polyfuse.pipeline._KERNELS)())
+    for value in (40, 41, 42):
+        code, out, _ = cli(capsys, "check", name, "--backend", "cpp", "--set", f"{size}={value}")
+        assert code == 0 and out.rstrip().endswith(" OK")
+    assert cache_info(tmp_path).entries == kernels

@@ -52,6 +52,15 @@ class Subject:
         for ``device`` on a GPU target (default: the backend's preset)."""
         return _scheduled(self.op.name, self.mode, tuple(sorted(self.sizes.items())), target, device)
 
+    def host_schedule(self) -> Schedule:
+        """The default host schedule of the operator's generic program (:meth:`Operator.generic_program`): its
+        ``symbolic`` sizes are size parameters, so the kernel compiled from it serves every value of them."""
+        return _generic(self.op.name, self.mode, tuple(sorted(self.op.static_sizes(self.mode, self.sizes).items())))
+
+    def symbolic_sizes(self) -> Sizes:
+        """The values of the sizes that the host kernel takes as parameters."""
+        return {k: v for k, v in self.sizes.items() if k in self.op.symbolic}
+
     def __str__(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
         return f"{self.op.name} mode={self.mode} {sizes}"
@@ -62,6 +71,12 @@ def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...], target:
                device: DeviceSpec | None = None) -> Schedule:
     op = ops.get(name)
     return default_schedule(name, mode, op.program(mode, **dict(sizes)), target=target, device=device)
+
+
+@functools.lru_cache(maxsize=16)
+def _generic(name: str, mode: str, static: tuple[tuple[str, int], ...]) -> Schedule:
+    op = ops.get(name)
+    return default_schedule(name, mode, op.generic_program(mode, **dict(static)))
 
 
 def _plain_source(subject: Subject) -> str:
@@ -111,13 +126,15 @@ def _interpret_tiles(subject: Subject, inputs: Arrays) -> Arrays:
 def _cpp_source(subject: Subject) -> str:
     from polyfuse.pipeline import stages
 
-    return f"// {subject}: generated host C++\n{stages(subject.schedule(), 'cpp').source.text}"
+    symbolic = ", ".join(subject.op.symbolic) or "none"
+    return (f"// {subject}: generated host C++ (size parameters: {symbolic})\n"
+            f"{stages(subject.host_schedule(), 'cpp').source.text}")
 
 
 def _run_cpp(subject: Subject, inputs: Arrays) -> Arrays:
     from polyfuse.pipeline import build
 
-    return build(subject.schedule(), "cpp", sizes=subject.sizes).run(inputs)
+    return build(subject.host_schedule(), "cpp").run(inputs, **subject.symbolic_sizes())
 
 
 def _gpu_source(backend: str) -> Callable[[Subject], str]:

@@ -11,10 +11,15 @@ import ml_dtypes
 import numpy as np
 
 from polyfuse.errors import PolyfuseError
+from polyfuse.ir import ProgramBuilder
+from polyfuse.ir.expr import Var
 from polyfuse.ir.stmt import Program
 from polyfuse.ops.variants import Operand, apply_variant, declared
 
 Sizes = dict[str, int]
+Extent = int | Var
+"""A size as a builder sees it: a Python int, or a size parameter of a generic program
+(:meth:`Operator.generic_program`)."""
 Arrays = dict[str, np.ndarray]
 
 
@@ -28,6 +33,11 @@ def ieee_reference(reference: Callable[..., Arrays]) -> Callable[..., Arrays]:
     return quiet
 
 
+def extents(p: ProgramBuilder, sizes: Mapping[str, Extent], *names: str) -> tuple[Extent, ...]:
+    """The sizes ``names`` for a builder: ints as given, a symbolic one declared on ``p`` as its size parameter."""
+    return tuple(p.size(name) if isinstance(sizes[name], Var) else sizes[name] for name in names)
+
+
 @dataclass(frozen=True)
 class Operator:
     """One catalog entry.
@@ -39,6 +49,9 @@ class Operator:
     - ``tolerance(mode, sizes) -> {output name: (atol, rtol)}`` with the reason in ``tolerance_note``.
     - ``defaults[mode]``: small test sizes; ``presets[mode]``: benchmark sizes (model shapes).
     - ``operands``: the inputs that input variants (:mod:`polyfuse.ops.variants`) rewrite: the reduced ones.
+    - ``symbolic``: the outer sizes (rows, batch, heads, sequence lengths) that the host kernel takes as size
+      parameters, so that one compiled kernel serves every value (:meth:`generic_program`); the other sizes
+      stay Python ints, because a schedule tiles them or a formula of the program needs their value.
     """
 
     name: str
@@ -53,6 +66,7 @@ class Operator:
     modes: tuple[str, ...] = ("default",)
     magnitudes: tuple[float, ...] = (1.0,)
     operands: tuple[Operand, ...] = ()
+    symbolic: tuple[str, ...] = ()
 
     def mode_or_default(self, mode: str | None) -> str:
         if mode is None:
@@ -76,6 +90,17 @@ class Operator:
     def program(self, mode: str | None = None, **sizes: int) -> Program:
         m = self.mode_or_default(mode)
         return self.build(m, self.sizes(m, sizes))
+
+    def generic_program(self, mode: str | None = None, **sizes: int) -> Program:
+        """The program with the ``symbolic`` sizes as size parameters and the others at ``sizes`` (defaults):
+        the host kernel compiled from it runs at every value of the symbolic sizes."""
+        m = self.mode_or_default(mode)
+        static = self.sizes(m, sizes)
+        return self.build(m, {k: Var(k) if k in self.symbolic else v for k, v in static.items()})
+
+    def static_sizes(self, mode: str | None = None, overrides: Mapping[str, int] | None = None) -> Sizes:
+        """The sizes that :meth:`generic_program` builds in: all but the ``symbolic`` ones."""
+        return {k: v for k, v in self.sizes(mode, overrides).items() if k not in self.symbolic}
 
     def inputs(self, seed: int = 0, mode: str | None = None, sizes: Mapping[str, int] | None = None,
                magnitude: float = 1.0, variant: str = "random") -> Arrays:

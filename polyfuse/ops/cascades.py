@@ -2,8 +2,11 @@
 
 MoE routing (softmax statistics plus a top-k written in plain loops), per-token
 quantised GEMM (real-valued and fp8-rounded) and FAVOR+ linear attention (Performer).
-Sizes are Python ints when a program is built; tolerances follow the f32 error model
-of :mod:`polyfuse.ops.softmax`.
+The outer sizes (tokens ``S``, rows ``M`` and columns ``N`` of the GEMMs, ``B``, ``H``, ``L`` of
+performer) are size parameters of the host kernel (``Operator.symbolic``); the others stay Python ints:
+reduced dimensions the tolerances and the GPU GEMM tiles are built from (``HD``, ``E``, ``K``), the top-k
+count that shapes moe_routing's loops, and performer's ``D`` and ``F``, whose values are its constants
+(δ = D^-1/4, ρ = F^-1/2).  Tolerances follow the f32 error model of :mod:`polyfuse.ops.softmax`.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import numpy as np
 from polyfuse.ir import ProgramBuilder, cast, eq, exp, maximum, reduce, select
 from polyfuse.ir.stmt import Program
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.base import Arrays, Operator, Sizes, extents, ieee_reference
 from polyfuse.ops.variants import Operand
 from polyfuse.ops.softmax import CONTRACTED, FN32, TINY32, U32, max_exp_sum
 
@@ -28,7 +31,7 @@ GRID = 4
 
 def build_moe_routing(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("moe_routing")
-    S, HD, E, K = sizes["S"], sizes["HD"], sizes["E"], sizes["K"]
+    (S,), HD, E, K = extents(p, sizes, "S"), sizes["HD"], sizes["E"], sizes["K"]
     # finite, as a model's are: the GPU kernel multiplies f32 operands split into 16-bit parts
     # (polyfuse.emit_cpp.mma), which equals the program's products only for finite values
     x = p.input("x", (S, HD), "f32", finite=True)
@@ -101,7 +104,7 @@ register(Operator(
                    "exact." + CONTRACTED,
     defaults={"default": {"S": 8, "HD": 24, "E": 12, "K": 2}},
     presets={"default": {"S": 4096, "HD": 4096, "E": 64, "K": 8}},
-    magnitudes=(1.0, 1e4),
+    magnitudes=(1.0, 1e4), symbolic=("S",),
     operands=(Operand("x", axis=1, huge=2.0 ** 10), Operand("w", axis=1, shared=(0,), huge=2.0 ** 10)),
 ))
 
@@ -114,7 +117,7 @@ FP8_MAX = 448.0
 
 def _build_quant_gemm(name: str, sizes: Sizes, *, fp8: bool) -> Program:
     p = ProgramBuilder(name)
-    M, K, N = sizes["M"], sizes["K"], sizes["N"]
+    M, K, N = *extents(p, sizes, "M"), sizes["K"], *extents(p, sizes, "N")
     a = p.input("A", (M, K), "f32", finite=True)  # finite: split tensor-core products (see moe_routing)
     w = p.input("W", (K, N), "f32", finite=True)
     amax = p.temp("amax", (M,), "f32")
@@ -176,6 +179,9 @@ def tol_quant_gemm_fp8(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]
 
 
 _QUANT_SIZES = {"default": {"M": 8, "K": 40, "N": 12}}
+_QUANT_SYMBOLIC = ("M", "N")
+"""Rows and output columns are symbolic; K, the reduced dimension, stays a number: the tolerance and the
+GPU GEMM's k tiles are built from it."""
 _QUANT_PRESETS = {"default": {"M": 4096, "K": 4096, "N": 4096}}
 _QUANT_MAGNITUDES = (1.0, 1e30, 1e-30)
 _QUANT_OPERANDS = (Operand("A", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
@@ -189,6 +195,7 @@ register(Operator(
     tolerance_note=_QUANT_NOTE + "Each term carries 3 roundings (448·A, /m, ·W): atol = (K + 2)·U32·448·"
                                  "sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
+    symbolic=_QUANT_SYMBOLIC,
 ))
 
 register(Operator(
@@ -200,6 +207,7 @@ register(Operator(
                                  "the quantised operands agree exactly; each term then carries one rounding (·W): "
                                  "atol = K·U32·448·sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
+    symbolic=_QUANT_SYMBOLIC,
 ))
 
 
@@ -233,7 +241,7 @@ def performer_constants(sizes: Sizes) -> tuple[float, float, float]:
 
 def build_performer(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("performer")
-    B, H, L, D, F = sizes["B"], sizes["H"], sizes["L"], sizes["D"], sizes["F"]
+    B, H, L, D, F = *extents(p, sizes, "B", "H", "L"), sizes["D"], sizes["F"]
     delta, rho, beta = performer_constants(sizes)
     q = p.input("q", (B, H, L, D), "f32", finite=True)  # finite: split tensor-core products (see moe_routing)
     k = p.input("k", (B, H, L, D), "f32", finite=True)
@@ -337,7 +345,7 @@ register(Operator(
                    + CONTRACTED,
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
-    magnitudes=PERFORMER_MAGNITUDES,
+    magnitudes=PERFORMER_MAGNITUDES, symbolic=("B", "H", "L"),
     operands=(*(Operand(n, axis=2, shared=(3,), tiny=2.0 ** -100) for n in ("q", "k", "v")),
               Operand("proj", axis=0, shared=(1,), tiny=2.0 ** -100)),
 ))

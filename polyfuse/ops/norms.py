@@ -1,6 +1,7 @@
 """Normalisation and statistics (OPERATORS.md §C) as plain, unfused programs.
 
-One loop nest per step of the math; sizes are Python ints when a program is built.
+One loop nest per step of the math.  Every size is a size parameter of the host kernel
+(``Operator.symbolic``) except rmsnorm_amax's row length ``M`` (``RMSNORM_SYMBOLIC`` says why).
 Tolerances follow the f32 error model of :mod:`polyfuse.ops.softmax` (``U32 = 2^-24``
 per rounding, sequential sums add ``(n - 1)·U32·Σ|terms|``).  Where an output cancels
 (mixed signs, a subtracted mean) the absolute part of a tolerance bounds ``Σ|terms|``
@@ -18,7 +19,7 @@ from polyfuse.ir import ProgramBuilder, maximum, reduce, sqrt
 from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.base import Arrays, Operator, Sizes, extents, ieee_reference
 from polyfuse.ops.variants import Operand
 from polyfuse.ops.softmax import CONTRACTED, TINY32, U32
 
@@ -37,7 +38,7 @@ def _normal_rows(rng: np.random.Generator, sizes: Sizes, magnitude: float) -> np
 
 def build_l2norm_stable(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("l2norm_stable")
-    N, M = sizes["N"], sizes["M"]
+    N, M = extents(p, sizes, "N", "M")
     x = p.input("x", (N, M), "f32")
     amax = p.temp("amax", (N,), "f32")
     ssq = p.temp("ssq", (N,), "f32")
@@ -79,7 +80,7 @@ register(Operator(
                    "sum of M positive terms M - 1 more, so rel(s) <= (M + 2)·U32; sqrt halves it and adds U32, "
                    "m·sqrt(s) adds U32: rtol = ((M + 2)/2 + 2)·U32. All values are positive, so no cancellation; "
                    "atol = smallest normal f32." + CONTRACTED,
-    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30),
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30), symbolic=("N", "M"),
     operands=(Operand("x", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),),
 ))
 
@@ -87,11 +88,15 @@ register(Operator(
 # ------------------------------------------------------------------ rmsnorm_amax
 
 RMS_EPS = 1e-6
+RMSNORM_SYMBOLIC = ("N",)
+"""Only the rows are symbolic: the rolling repair of ``amax`` over ``y = x / sqrt(ssq/M + eps)`` inverts
+``y`` in ``x``, and with M a parameter the repair search finds no inverse it can prove (NoRepairFound);
+M stays a number, one kernel per row length."""
 
 
 def build_rmsnorm_amax(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("rmsnorm_amax")
-    N, M = sizes["N"], sizes["M"]
+    N, M = extents(p, sizes, "N", "M")
     x = p.input("x", (N, M), "f32")
     ssq = p.temp("ssq", (N,), "f32")
     y = p.output("y", (N, M), "f32")
@@ -134,7 +139,7 @@ register(Operator(
                    "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
                    "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48."
                    + CONTRACTED,
-    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15),
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15), symbolic=RMSNORM_SYMBOLIC,
     operands=(Operand("x", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100),),
 ))
 
@@ -146,7 +151,7 @@ SUM_SUM_THRESHOLD = 10.0
 
 def build_sum_sum(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("sum_sum")
-    N, M = sizes["N"], sizes["M"]
+    N, M = extents(p, sizes, "N", "M")
     x1 = p.input("x1", (N, M), "f32")
     x2 = p.input("x2", (N, M), "f32")
     m = p.temp("m", (N,), "f32")
@@ -190,7 +195,7 @@ register(Operator(
                    "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18 "
                    "(the special variant's huge x1 entries are 2^48); x2 gets no huge entries, since |x2| <= 1 "
                    "is part of the bound." + CONTRACTED,
-    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15),
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15), symbolic=("N", "M"),
     operands=(Operand("x1", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100), Operand("x2", axis=1, tiny=2.0 ** -100)),
 ))
 
@@ -204,7 +209,7 @@ E[x²] - E[x]² cancels catastrophically in f32, the two-pass program stays accu
 
 def build_variance(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("variance")
-    B, L = sizes["B"], sizes["L"]
+    B, L = extents(p, sizes, "B", "L")
     x = p.input("x", (B, L), "f32")
     mean = p.temp("mean", (B,), "f32")
     var = p.output("var", (B,), "f32")
@@ -246,7 +251,7 @@ register(Operator(
                    "positive terms: rtol = (L + 3)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
                    "(tolerance does not see the magnitude, so it covers the largest; the special variant's huge "
                    "entries, 2^13, are within it)." + CONTRACTED,
-    defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}},
+    defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}}, symbolic=("B", "L"),
     magnitudes=VARIANCE_OFFSETS,
     operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))
@@ -261,7 +266,7 @@ INERTIA_OFFSETS = (1.0, 1e3)
 
 def build_inertia(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("inertia")
-    B, N = sizes["B"], sizes["N"]
+    B, N = extents(p, sizes, "B", "N")
     w = p.input("w", (B, N), "f32", sign="nonnegative")  # masses
     x = p.input("x", (B, N, 3), "f32")
     mass = p.temp("mass", (B,), "f32")
@@ -316,7 +321,7 @@ register(Operator(
                    "(tolerance does not see the magnitude, so it covers the largest). Input variants keep both "
                    "bounds: masses only become 0, tiny, +inf or NaN, and the special variant's huge positions "
                    "are 2^9." + CONTRACTED,
-    defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}},
+    defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}}, symbolic=("B", "N"),
     magnitudes=INERTIA_OFFSETS,
     operands=(Operand("w", axis=1, tiny=2.0 ** -100),
               Operand("x", axis=1, shared=(2,), huge=2.0 ** 9, tiny=2.0 ** -100)),
@@ -332,7 +337,7 @@ LAYERNORM_OFFSETS = (1.0, 1e4)
 
 def build_layernorm_stats(mode: str, sizes: Sizes) -> Program:
     p = ProgramBuilder("layernorm_stats")
-    N, M = sizes["N"], sizes["M"]
+    N, M = extents(p, sizes, "N", "M")
     x = p.input("x", (N, M), "f32")
     mean = p.output("mean", (N,), "f32")
     var = p.output("var", (N,), "f32")
@@ -384,6 +389,6 @@ register(Operator(
                    "a zero row is exact, and a row of m values (mean μ) after M - m zeros has a mean off by at "
                    "most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: U32·|x|/M against x²/M), "
                    "so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the offset." + CONTRACTED,
-    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS,
+    defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS, symbolic=("N", "M"),
     operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))

@@ -2,7 +2,7 @@
 
 All three read the rows of ``inp[N, M]`` (f32) and share Figure 1a's nests, with its
 block and tensor names: ``s_max`` (``xmax``), ``s_exp`` (``xexp``), ``s_sum`` (``xsum``).
-As in the rest of the catalog, sizes are Python ints when a program is built.
+Both sizes are symbolic in the host kernel (``Operator.symbolic``): one kernel serves every N and M.
 
 Error model used by every tolerance in the catalog's f32 operators: one correctly
 rounded operation has relative error at most ``U32 = 2^-24``; NumPy's f32 ``exp`` and
@@ -25,7 +25,7 @@ import numpy as np
 from polyfuse.ir import ProgramBuilder, exp, log, maximum, reduce
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes, ieee_reference
+from polyfuse.ops.base import Arrays, Extent, Operator, Sizes, extents, ieee_reference
 from polyfuse.ops.variants import Operand
 
 U32 = 2.0 ** -24
@@ -43,7 +43,7 @@ MAGNITUDES = (1.0, 1e4)
 """Logit scales: 1e4 makes ``Σ exp(x)`` overflow f32 without the max subtraction."""
 
 
-def max_exp_sum(p: ProgramBuilder, x: Tensor, rows: int, cols: int, *,
+def max_exp_sum(p: ProgramBuilder, x: Tensor, rows: Extent, cols: Extent, *,
                 names: tuple[str, str, str] = ("xmax", "xexp", "xsum"),
                 sum_is_output: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     """Figure 1a's three nests over the rows of ``x``: the row max (``s_max``), the
@@ -73,9 +73,9 @@ def sum_exp_rtol(n: int) -> float:
 
 # ------------------------------------------------------------------ programs
 
-def _begin(name: str, sizes: Sizes) -> tuple[ProgramBuilder, int, int, Tensor]:
+def _begin(name: str, sizes: Sizes) -> tuple[ProgramBuilder, Extent, Extent, Tensor]:
     p = ProgramBuilder(name)
-    N, M = sizes["N"], sizes["M"]
+    N, M = extents(p, sizes, "N", "M")
     return p, N, M, p.input("inp", (N, M), "f32")
 
 
@@ -162,13 +162,14 @@ _LOGITS = (Operand("inp", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
 
 _SIZES = {"default": {"N": 8, "M": 40}}
 _PRESETS = {"default": {"N": 4096, "M": 4096}}
+_SYMBOLIC = ("N", "M")
 
 register(Operator(
     name="softmax_sum",
     description="Neptune Fig. 1a: xmax = max_j inp, xsum = Σ_j exp(inp - xmax) over rows of inp[N, M]",
     build=build_softmax_sum, make_inputs=make_logits, reference=ref_softmax_sum, tolerance=tol_softmax_sum,
     tolerance_note=_SUM_NOTE + "atol = smallest normal f32." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
 ))
 
 register(Operator(
@@ -178,7 +179,7 @@ register(Operator(
     tolerance_note=_SUM_NOTE + "y = exp(x - m)/s adds (|x - m| + 8)·U32 for the rounded argument "
                "(|x - m| <= 88 while y is a normal f32; below that atol = smallest normal f32 covers it) "
                "and U32 for the division." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
 ))
 
 register(Operator(
@@ -187,5 +188,5 @@ register(Operator(
     build=build_logsumexp, make_inputs=make_logits, reference=ref_logsumexp, tolerance=tol_logsumexp,
     tolerance_note=_SUM_NOTE + "log s is then off by rel(s) + 8·U32·log(M) absolutely (1 <= s <= M), "
                "which is atol; rtol = U32 for the final addition m + log s." + CONTRACTED,
-    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS,
+    defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
 ))
