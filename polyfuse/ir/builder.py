@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from polyfuse.errors import IRError, NonAffineIndex
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.affine import linear_form
-from polyfuse.ir.expr import BinOp, Const, Expr, ExprLike, Load, Var, cast, const
+from polyfuse.ir.expr import BinOp, Const, Expr, ExprLike, Load, Select, Var, cast, const
 from polyfuse.ir.gather import is_gather_index
 from polyfuse.ir.stmt import (
     BOUND, GLOBAL, INPUT, OUTPUT, REDUCE, SERIAL, SPATIAL, TEMP, Block, IterVar, Loop,
@@ -135,9 +135,13 @@ def record_store(tensor: Tensor, idx: object, value: object) -> None:
 
 def _is_update(reducer: Reducer, value: Expr, acc: Load) -> bool:
     """``value`` is ``a ⊕ b`` with the accumulator read inside ``a`` or ``b``: the repaired update of a
-    fused reduction (``X = G(h(X, r, r')) ⊕ rest``), which only an explicit ``reducer=`` admits."""
+    fused reduction (``X = G(h(X, r, r')) ⊕ rest``), which only an explicit ``reducer=`` admits; or a select
+    between two such updates (a consumer's ``init`` taken at the last rolling step:
+    ``select(last, (update) ⊕ init, update)``), so that every program a fusion prints loads back."""
     from polyfuse.ir.visit import loads, match_pattern
 
+    if isinstance(value, Select):
+        return _is_update(reducer, value.true_value, acc) and _is_update(reducer, value.false_value, acc)
     bound = match_pattern(reducer.combine, value, fixed={}, wildcards=(reducer.lhs, reducer.rhs))
     return bound is not None and acc in loads(value)
 
