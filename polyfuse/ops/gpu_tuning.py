@@ -34,8 +34,9 @@ class GpuTuning:
     prefill_wgmma_keys: int = 128
     """Key columns per thread block of fused prefill attention where the device has warpgroup products (sm_90a):
     the loop's two products as ``wgmma`` with a producer warpgroup (:mod:`polyfuse.emit_cpp.fragments`); the
-    longer key tile halves the iterations each block waits on (faster than 64 for every prefill operator on the
-    H100 but the divide-inside form; the figures are in benchmarks/results)."""
+    longer key tile halves the iterations each block waits on (with the producer warpgroup, faster than 64 for
+    every prefill operator measured on the H100; the divide-inside form is fastest with 64 keys and no producer:
+    benchmarks/results/2026-11-27_H100_501f5e6)."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
