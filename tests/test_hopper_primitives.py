@@ -140,6 +140,16 @@ extern "C" __global__ void __launch_bounds__(128) rs_probe(const uint16_t* __res
 CHAIN_KERNEL = r"""
 #include "polyfuse_gpu.h"
 
+// The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
+// 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
+// rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half), as WarpgroupFragment.as_a_operand
+// says.  (The code generator packs P from the values it computes: pf::pack_f16.)
+template <int S> __device__ __forceinline__ void accumulators_as_a_f16(uint32_t (&a)[4], const float (&d)[32]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
+}
+
 // s = q · kᵀ (both operands from swizzled shared memory), then o = f16(s) · v with f16(s) taken from s's
 // accumulators as the A operand in registers; dumps s and o, register r of thread t at t * 32 + r.
 extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __restrict__ q,
@@ -171,10 +181,10 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
     pf::wgmma_commit();
     pf::wgmma_wait<0>();
     uint32_t p[4][4];
-    pf::accumulators_as_a_f16<0>(p[0], s);
-    pf::accumulators_as_a_f16<1>(p[1], s);
-    pf::accumulators_as_a_f16<2>(p[2], s);
-    pf::accumulators_as_a_f16<3>(p[3], s);
+    accumulators_as_a_f16<0>(p[0], s);
+    accumulators_as_a_f16<1>(p[1], s);
+    accumulators_as_a_f16<2>(p[2], s);
+    accumulators_as_a_f16<3>(p[3], s);
     pf::wgmma_fence();
 #pragma unroll
     for (int j = 0; j < 4; ++j) pf::wgmma_m64n64k16_f16_rs<1>(o, p[j], pf::wgmma_desc_k128(sv) + 128 * j, j > 0);
@@ -314,6 +324,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) pipeline_probe(const __grid
 ATTENTION_KERNEL = r"""
 #include "polyfuse_gpu.h"
 
+// The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
+// 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
+// rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half), as WarpgroupFragment.as_a_operand
+// says.  (The code generator packs P from the values it computes: pf::pack_f16.)
+template <int S> __device__ __forceinline__ void accumulators_as_a_f16(uint32_t (&a)[4], const float (&d)[32]) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
+}
+
 // One warpgroup, 64 query rows, keys in tiles of 64 (d = dv = 64, f16): S = Q·Kᵀ by wgmma, the online softmax on
 // S's accumulators in registers (a row's 16 values in a thread, the other 48 in the 3 lanes of its quad: two
 // xor shuffles), P rounded once to f16 straight into P·V's A operand, O rescaled in its accumulators.
@@ -375,10 +395,10 @@ extern "C" __global__ void __launch_bounds__(128) attention_probe(const uint16_t
             }
         }
         uint32_t p[4][4];
-        pf::accumulators_as_a_f16<0>(p[0], s);
-        pf::accumulators_as_a_f16<1>(p[1], s);
-        pf::accumulators_as_a_f16<2>(p[2], s);
-        pf::accumulators_as_a_f16<3>(p[3], s);
+        accumulators_as_a_f16<0>(p[0], s);
+        accumulators_as_a_f16<1>(p[1], s);
+        accumulators_as_a_f16<2>(p[2], s);
+        accumulators_as_a_f16<3>(p[3], s);
         pf::wgmma_fence();
 #pragma unroll
         for (int c = 0; c < 4; ++c) pf::wgmma_m64n64k16_f16_rs<1>(o, p[c], pf::wgmma_desc_k128(sv) + 128 * c, true);

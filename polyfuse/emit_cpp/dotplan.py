@@ -382,7 +382,8 @@ class WarpgroupFragment:
     def as_a_operand(self, step: int) -> tuple[tuple[int, int], ...]:
         """The register pairs that form the A fragment (four 32-bit registers of two 16-bit values) of k16 step
         ``step`` of a product whose k is this product's columns: registers ``8·step + 2q`` and ``+1``
-        (``pf::accumulators_as_a_f16``), so P goes from S's accumulators to P·V without shared memory."""
+        (the GPU primitive tests convert them so), so P goes from S's accumulators to P·V without shared
+        memory."""
         return tuple((8 * step + 2 * q, 8 * step + 2 * q + 1) for q in range(4))
 
 

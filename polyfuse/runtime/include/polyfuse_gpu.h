@@ -349,15 +349,6 @@ PF_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
 #undef PF_D32
 #undef PF_ACC32
 #undef PF_ACC4
-// The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
-// 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
-// rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half).  S is a constant: the registers
-// stay registers.
-template <int S> PF_DEV void accumulators_as_a_f16(uint32_t (&a)[4], const float (&d)[32]) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
-}
 #endif
 
 }  // namespace pf
