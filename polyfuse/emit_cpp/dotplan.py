@@ -79,6 +79,8 @@ class Frame:
     """The device has warpgroup products (sm_90a) and the options allow them."""
     swizzle: bool = False
     """The operands staged here lie in 128-byte-swizzled panels (:class:`Staged`), for warpgroup products."""
+    registers_per_sm: int = 65536
+    """The device's register file (:class:`~polyfuse.device.DeviceSpec`)."""
 
     def at(self, sizes: Mapping[str, int]) -> Frame:
         return dataclasses.replace(self, sizes=dict(sizes))

@@ -98,9 +98,9 @@ PRODUCER_WARPS = 4
 """The producer is a warpgroup: ``setmaxnreg`` gives registers back per warpgroup."""
 PRODUCER_REGISTERS = 24
 """Registers a producer thread keeps (``setmaxnreg.dec``): addresses and counters of its copies."""
-SUBPARTITION_REGISTERS = 16384
-"""Registers of one of an SM's four sub-partitions (sm_90): each warp lives in one, so a block of
-``4·n`` warps has ``16384 / (32·n)`` registers per thread unless warpgroups trade them (``setmaxnreg``)."""
+SUBPARTITIONS = 4
+"""An SM's sub-partitions, each with a quarter of its registers: each warp lives in one, so a block of ``4·n``
+warps has ``registers / (4·32·n)`` registers per thread unless warpgroups trade them (``setmaxnreg``)."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
@@ -202,6 +202,9 @@ class FragmentLoop:
     epilogue: tuple[TileStore, ...] = ()
     prefetch: bool = False
     shared: tuple[SharedValue, ...] = ()
+    computing_registers: int = 0
+    """With a producer: the registers each computing thread takes (``setmaxnreg.inc``) once the producer has
+    given its own back (:func:`_computing_registers`)."""
     barriers: str | None = None
     """With a producer warpgroup (:func:`_producer`): the shared array of its four mbarriers, ``full`` of the
     two stages (their copies landed) then ``empty`` (every computing thread is done with them)."""
@@ -210,13 +213,6 @@ class FragmentLoop:
     def producer(self) -> bool:
         """Whether a warpgroup of its own (after the ``rows / 16`` computing warps) copies the operand tiles."""
         return self.barriers is not None
-
-    @property
-    def computing_registers(self) -> int:
-        """With a producer: the registers each computing thread takes (``setmaxnreg.inc``) once the producer
-        has given its own back: a sub-partition holds one producer warp and ``rows / 64`` computing ones."""
-        per = -(-self.rows // STRIP) // PRODUCER_WARPS
-        return min(256, (SUBPARTITION_REGISTERS // 32 - PRODUCER_REGISTERS) // per // 8 * 8)
 
     @property
     def round_once(self) -> bool:
@@ -648,10 +644,19 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         if not (frame.swizzle and result.warpgroups and prefetch and set(sources) <= {"cp.async", "kept", "registers"}):
             raise InternalError(f"loop {loop.var.name}: a producer warp was planned for it, but its products or "
                                 f"operands ({', '.join(sorted(set(sources)))}) do not allow one")
-        result = dataclasses.replace(result, barriers=fresh("bar"))
+        result = dataclasses.replace(result, barriers=fresh("bar"),
+                                     computing_registers=_computing_registers(frame, shape.rows))
     return result
 
 
+
+
+def _computing_registers(frame: Frame, rows: int) -> int:
+    """The registers per thread of a loop's computing warps beside a producer warpgroup: a sub-partition holds
+    one producer warp (``PRODUCER_REGISTERS``) and ``rows / 64`` computing ones (at most 256, in steps of 8)."""
+    per = -(-rows // STRIP) // PRODUCER_WARPS
+    lanes = frame.registers_per_sm // SUBPARTITIONS // 32
+    return min(256, (lanes - PRODUCER_REGISTERS) // per // 8 * 8)
 
 
 def _warpgroup(frame: Frame, rows: int, a: OperandPlan, b: OperandPlan) -> bool:

@@ -185,14 +185,16 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
         warps = nest.warps or options.warps or onchip.warps_for(onchip.body_stores(nest.body), device, options)
         if warps is None:
             default = Frame({}, device.default_warps * device.warp_size, device.warp_size, tensor_cores, options,
-                            tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma)
+                            tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
+                            registers_per_sm=device.registers_per_sm)
             warps = next((w for lp in walk_tile_stmts(nest.body) if isinstance(lp, Loop)
                           if (w := fragments.warps_for(default, lp)) is not None), device.default_warps)
         return warps * device.warp_size
 
     def frame_of(nest: GridNest) -> Frame:
         return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
-                     tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma)
+                     tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
+                     registers_per_sm=device.registers_per_sm)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels = tuple(_plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest), presplit=split), device)
