@@ -17,7 +17,7 @@ import pytest
 import polyfuse
 from polyfuse.deps import analyze
 from polyfuse.emit_cpp import CUDA, emit
-from polyfuse.errors import GatherOutOfBounds, NonAffineIndex
+from polyfuse.errors import BackendUnavailable, GatherOutOfBounds, NonAffineIndex
 from polyfuse.ir import ProgramBuilder, exp, interpret, log, maximum, reduce, sqrt
 from polyfuse.ir.printer import program_from_source
 from polyfuse.runtime.compiler import CompileOptions
@@ -257,3 +257,31 @@ def test_gather_cuda_compiles(name):
     assert source.args[-1].name == "pf_gather_fault"
     compile_gpu(source.text, name, "cuda", source.target.arch, options=CompileOptions(werror=True),
                 compile_only=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_gather_runs_on_the_gpu(name):
+    # The CUDA kernel of each fused gather program matches the unfused interpreter on every edge input and at
+    # a ragged size, and an index out of its dimension raises GatherOutOfBounds from the device's fault record
+    # (the next call starts clean).  Tolerance as the host backends': f32 arithmetic in another order.
+    make, _ = PROGRAMS[name]
+    program, sch = make()
+    try:
+        kernel = polyfuse.build(sch if sch is not None else program, "cuda", werror=True)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    for edge, fill in EDGES.items():
+        for shape in ((5, 37), (1, 1), (130, 257)):
+            inputs = _inputs(name, *shape, np.random.default_rng(hash((name, edge)) % 2**32), fill)
+            plain, got = interpret(program, inputs), kernel.run(inputs)
+            for out, value in plain.items():
+                assert _close(np.asarray(got[out]), value, 1e-5), (edge, shape, out)
+    key, extent = {"cross_entropy": ("target", 6), "embedding_rmsnorm": ("ids", 4), "routed_softmax": ("expert", 3)}[name]
+    inputs = _inputs(name, 4, 6, np.random.default_rng(1))
+    inputs[key] = inputs[key].copy()
+    inputs[key][-1] = extent
+    with pytest.raises(GatherOutOfBounds, match=f"which read {extent}"):
+        kernel.run(inputs)
+    inputs[key][-1] = 0
+    assert kernel.run(inputs)
