@@ -8,6 +8,7 @@ installed, are used in place (zero-copy) and the outputs come back as tensors.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -143,7 +144,7 @@ def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tunin
     base = options or CodegenOptions()
     _, _, sync = _kernel(name, "prefill", codegen=dataclasses.replace(base, warpgroup_products=False), tuning=tuning,
                          **sizes)
-    assert "pf::wgmma_m64n64k16_f16_rs<1, 0>" in wg.kernel_source.text
+    assert re.search(r"pf::wgmma_m64n(64|128)k16_f16_rs<1, 0>", wg.kernel_source.text)
     assert "wgmma" not in sync.kernel_source.text.split("__global__", 1)[1]
     tolerance = op.tolerance("prefill", sizes)
     for magnitude in op.magnitudes:
@@ -156,6 +157,31 @@ def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tunin
                 assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
             result = ops.compare(a, b, tolerance)
             assert result.ok, f"{variant} at magnitude {magnitude:g}: wgmma against mma.sync {result.line()}"
+
+
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("attn_causal", {"Sq": 200, "Skv": 200, "D": 128, "Dv": 128}), ("attn_global", {"Sq": 130, "Skv": 190, "D": 64,
+                                                                                     "Dv": 128}),
+    ("attn_gqa", {"Sq": 150, "Skv": 150, "D": 128, "Dv": 128})])
+def test_warpgroup_widths_match(name, sizes):
+    # One 128-column warpgroup product (Q·Kᵀ over a 128-key tile; P·V over 128 value columns, an N-major b of two
+    # panels) against two of 64 columns: the same multiply-adds in the same order per element, so the same bits;
+    # and NumPy at every magnitude on edge inputs.
+    op, sizes, wide = _kernel(name, "prefill", **sizes)
+    if not wide.kernel_source.target.device.wgmma:
+        pytest.skip(f"wgmma needs sm_90a; the device is {wide.kernel_source.target.arch}")
+    _, _, narrow = _kernel(name, "prefill", codegen=CodegenOptions(warpgroup_width=64), **sizes)
+    assert "pf::wgmma_m64n128k16_f16" in wide.kernel_source.text
+    assert "m64n128k16" not in narrow.kernel_source.text
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in ("random", "leading_zeros", "special"):
+            inputs = op.inputs(5, "prefill", sizes, magnitude, variant)
+            a, b = wide.run(inputs), narrow.run(inputs)
+            for out in a:
+                assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude, out)
+            result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
+            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
 
 
 _NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False)

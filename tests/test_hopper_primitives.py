@@ -255,6 +255,63 @@ extern "C" __global__ void __launch_bounds__(128) panel_probe(const uint16_t* __
 PANEL_TYPES = ("f16", "bf16")
 
 
+WIDE_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// The 128-column forms: a (64 x 128) and b (128 x 128) as in panel_probe, v (128 x 128, [k][n]) staged N-major in
+// two panels of 64 n (pf::swizzled_at(k, n, 128): the second panel 128 * 64 elements = 16384 bytes further, the
+// descriptor's lbo).  d = a · bᵀ by one m64n128k16 per k step (SS), e the same with a from registers (RS), o = a · v
+// (RS, TB = 1): c[t * 64 + r] = d's register r of thread t, then e's, then o's.
+extern "C" __global__ void __launch_bounds__(128) wide_probe(const uint16_t* __restrict__ a,
+                                                            const uint16_t* __restrict__ b,
+                                                            const uint16_t* __restrict__ v, float* __restrict__ c)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    uint16_t* sa = reinterpret_cast<uint16_t*>(pf_smem);
+    uint16_t* sb = sa + 64 * 128;
+    uint16_t* sv = sb + 128 * 128;
+    const int t = static_cast<int>(threadIdx.x);
+    for (int e = t; e < 64 * 128; e += 128) sa[pf::swizzled_at(e / 128, e % 128, 64)] = a[e];
+    for (int e = t; e < 128 * 128; e += 128) {
+        sb[pf::swizzled_at(e / 128, e % 128, 128)] = b[e];
+        sv[pf::swizzled_at(e / 128, e % 128, 128)] = v[e];
+    }
+    __syncthreads();
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    pf::fence_async_shared();
+    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
+    uint32_t f[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int at = (row + 8 * (q % 2)) * 128 + 16 * s + col + 8 * (q / 2);
+            f[s][q] = static_cast<uint32_t>(a[at]) | (static_cast<uint32_t>(a[at + 1]) << 16);
+        }
+    float d[16][4] = {}, e[16][4] = {}, o[16][4] = {};
+    pf::wgmma_fence();
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+        const uint64_t da = pf::wgmma_desc_k128(sa + (s / 4) * 64 * 64 + (s % 4) * 16);
+        const uint64_t db = pf::wgmma_desc_k128(sb + (s / 4) * 128 * 64 + (s % 4) * 16);
+        pf::wgmma_m64n128k16_f16<0, 0>(d, da, db, s > 0);
+        pf::wgmma_m64n128k16_f16_rs<0, 0>(e, f[s], db, s > 0);
+        pf::wgmma_m64n128k16_f16_rs<1, 0>(o, f[s], pf::wgmma_desc_k128(sv + s * 16 * 64, 128 * 64 * 2), s > 0);
+    }
+    pf::wgmma_commit();
+    pf::wgmma_wait<0>();
+#pragma unroll
+    for (int r = 0; r < 64; ++r) {
+        c[t * 64 + r] = d[r / 4][r % 4];
+        c[128 * 64 + t * 64 + r] = e[r / 4][r % 4];
+        c[2 * 128 * 64 + t * 64 + r] = o[r / 4][r % 4];
+    }
+#endif
+}
+"""
+
+
+
 def _panel_kernel(low: str) -> str:
     return PANEL_KERNEL.replace("_LOW", f"_{low}")
 
@@ -474,8 +531,8 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 @pytest.mark.nvcc
 @pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL, ATTENTION_KERNEL,
-                                    *map(_panel_kernel, PANEL_TYPES)],
-                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention", *PANEL_TYPES])
+                                    WIDE_KERNEL, *map(_panel_kernel, PANEL_TYPES)],
+                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention", "wide", *PANEL_TYPES])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -518,6 +575,28 @@ def test_swizzled_panels_and_chunked_accumulators_match_numpy(low):
     driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
     _product(raw[:128 * 64], a, b)
     _product(raw[128 * 64:], a, b)
+
+
+@pytest.mark.gpu
+def test_wgmma_m64n128k16_forms_match_numpy():
+    """One 128-column product per k step: SS and RS with a K-major b, and RS with an N-major b of two 64-column
+    panels (the descriptor's leading byte offset): each equals its product (a · bᵀ, a · v)."""
+    driver = _sm90_driver()
+    image = compile_gpu(WIDE_KERNEL, "wide_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    shared = (64 + 2 * 128) * 128 * 2
+    function = driver.function(driver.load(image.read_bytes()), "wide_probe", shared)
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((64, 128)).astype(np.float16)
+    b = rng.standard_normal((128, 128)).astype(np.float16)
+    v = rng.standard_normal((128, 128)).astype(np.float16)
+    raw = np.zeros(3 * 128 * 64, np.float32)
+    pointers, _owners = _upload(driver, a, b, v, raw)
+    driver.launch(function, 1, 128, shared, pointers, [])
+    driver.synchronize()
+    driver.to_host(raw.ctypes.data, pointers[3], raw.nbytes)
+    _product(raw[:128 * 64], a, b)
+    _product(raw[128 * 64:2 * 128 * 64], a, b)
+    _product(raw[2 * 128 * 64:], a, v.T.copy())
 
 
 @pytest.mark.gpu

@@ -49,7 +49,7 @@ REDUCE_LANES = 8
 block reduction instead of staging its operands for per-output FMA loops."""
 
 MMA_SYNC = "mma.sync.m16n8k16"
-WGMMA = "wgmma.m64n64k16"
+WGMMA = "wgmma"
 PANEL = 64
 """16-bit elements of one 128-byte swizzled row: a swizzled operand lies in panels this many columns wide."""
 SWIZZLE_ALIGN = 1024
@@ -467,7 +467,8 @@ class DotPlan:
     For ``mma.sync``: the operand type ``low``, the operands (``a``, ``b``), the warp tiling (``mtiles``
     strips of 16 rows in ``groups`` groups of ``per`` 8-column tiles), ``kgroups`` warp groups sharing ``k``,
     ``pair`` (2: two ``b`` tiles per ``ldmatrix.x4``), the row ``pitch`` of a result array (None: dense) and
-    the accumulator :class:`FragmentLayout`.
+    the accumulator :class:`FragmentLayout`.  For ``wgmma``: ``width``, the columns of ``b`` one warpgroup product
+    takes (``wgmma.m64n{width}k16``).
     """
 
     instruction: str
@@ -484,6 +485,7 @@ class DotPlan:
     pair: int = 1
     pitch: int | None = None
     fragment: FragmentLayout | None = None
+    width: int = 0
 
     @property
     def units(self) -> int:
@@ -497,7 +499,8 @@ class DotPlan:
         head = f"{self.m}x{self.n}x{self.k} {self.instruction}"
         if self.instruction == WGMMA:
             assert self.a is not None and self.b is not None
-            return "\n".join([f"{head} ({self.low} operands), one per warpgroup of 64 rows and 64 columns of b",
+            return "\n".join([f"{head}.m64n{self.width}k16 ({self.low} operands), one per warpgroup of 64 rows and "
+                              f"{self.width} columns of b",
                               f"a: {self.a.staged.describe()}; {_source(self.a)}",
                               f"b: {self.b.staged.describe()}; {_source(self.b)}"])
         if self.instruction != MMA_SYNC:

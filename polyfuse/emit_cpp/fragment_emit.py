@@ -559,8 +559,10 @@ def _register_a(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env
 def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
                        acc: str, sa: str | None, sb: str) -> None:
     """The statement's product as warpgroup products into ``acc``: warpgroup ``pf_warp / 4`` multiplies its 64
-    rows of ``a`` (from swizzled ``sa``, or from registers where ``sa`` is None) by each 64-column chunk ``c``
-    of ``b`` (swizzled ``sb``) into tiles ``8c ..`` of ``acc``, one ``wgmma.m64n64k16`` per chunk and k step.
+    rows of ``a`` (from swizzled ``sa``, or from registers where ``sa`` is None) by each chunk ``c`` of ``W``
+    columns of ``b`` (swizzled ``sb``; ``W`` the plan's width) into tiles ``(W / 8)·c ..`` of ``acc``, one
+    ``wgmma.m64nWk16`` per chunk and k step.  A chunk of an N-major ``b`` spans ``W / 64`` panels, the
+    descriptor's leading byte offset apart.
 
     A wgmma reads its register operands asynchronously: every A fragment is computed before the fence that
     precedes the first product, and the accumulators are read after the wait for all of them."""
@@ -568,7 +570,8 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     a, b = plan.a.staged, plan.b.staged
     steps = a.kp // 16
-    name = f"pf::wgmma_m64n64k16_{LOW[plan.low.name]}"
+    width = plan.width
+    name = f"pf::wgmma_m64n{width}k16_{LOW[plan.low.name]}"
     if sa is None:
         em.line(f"uint32_t pf_fa[{steps}][4];  // every k step's A fragment, before the fence")
         em.line("#pragma unroll")
@@ -583,12 +586,15 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
     if sa is not None:
         at = k_major.format(panel=a.outer_pad * PANEL) + f" + (pf_warp / 4) * {WARPGROUP_ROWS * PANEL}"
         em.line(f"const uint64_t pf_da = pf::wgmma_desc_k128({sa} + {at});")
-    for c in range(b.rows_pad // PANEL):
+    panels = width // PANEL
+    for c in range(b.rows_pad // width):
         if b.trans:
-            at = f"{c * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
+            at = f"{c * panels * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
+            lbo = f", {b.outer_pad * PANEL * plan.low.bits // 8}" if panels > 1 else ""
         else:
-            at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * PANEL * PANEL}" if c else "")
-        db = f"pf::wgmma_desc_k128({sb} + {at})"
+            at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * width * PANEL}" if c else "")
+            lbo = ""
+        db = f"pf::wgmma_desc_k128({sb} + {at}{lbo})"
         template = f"<{int(b.trans)}, {c}>"
         if sa is None:
             em.line(f"{name}_rs{template}({acc}, pf_fa[pf_ks], {db}, pf_ks > 0);")

@@ -67,6 +67,7 @@ from dataclasses import dataclass
 
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
 from polyfuse.emit_cpp.resident import tile_shape
+from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
 from polyfuse.emit_cpp.dotplan import (
     M16N8, MMA_SYNC, PANEL, SWIZZLE_ALIGN, WGMMA, DotPlan, Frame, OperandPlan, Staged,
     mma_type, raw_staging, staging,
@@ -613,8 +614,9 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         ntiles = b.rows_pad // 8
         pair = 2 if ntiles % 2 == 0 else 1
         instruction = WGMMA if _warpgroup(frame, shape.rows, ops[0], ops[1]) else MMA_SYNC
+        width = _warpgroup_width(frame, b) if instruction == WGMMA else 0
         dot = DotPlan(instruction, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1,
-                      pair, None, M16N8)
+                      pair, None, M16N8, width)
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
                                       _mask_free(values[s.block], axis_sizes(s)))
     masks = {s.block: s.mask for s in body}
@@ -672,6 +674,12 @@ def _warpgroup(frame: Frame, rows: int, a: OperandPlan, b: OperandPlan) -> bool:
     if a.source == "registers":
         return not a.staged.split
     return a.source != "held" and a.staged.swizzled and not a.staged.trans and a.staged.rows_pad == rows
+
+
+def _warpgroup_width(frame: Frame, b: Staged) -> int:
+    """The columns of ``b`` one warpgroup product takes: the widest of the options' ``warpgroup_width`` and
+    narrower ones that divides ``b``'s padded rows (whole 64-column panels, :func:`_warpgroup`)."""
+    return max(w for w in WARPGROUP_WIDTHS if w <= frame.options.warpgroup_width and b.rows_pad % w == 0)
 
 
 def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | None:

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from polyfuse.errors import PolyfuseError
 
+WARPGROUP_WIDTHS = (64, 128)
+"""Columns of ``b`` per warpgroup product that ``pf::wgmma_m64nNk16_*`` provides (``polyfuse_gpu.h``)."""
+
 
 @dataclass(frozen=True)
 class CodegenOptions:
@@ -53,7 +56,9 @@ class CodegenOptions:
     loop's thread reduces its columns of a row into this many independent partials (a power of two), combined
     in a tree: shorter dependency chains.  ``warpgroup_products``: where the device has ``wgmma`` (sm_90a), such a
     loop's products run as warpgroup products on operands staged in 128-byte-swizzled shared memory, each
-    warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows.
+    warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows;
+    ``warpgroup_width`` (64 or 128) is the most columns of ``b`` one warpgroup product takes (a wider one reads
+    its ``a`` once for more columns: less shared-memory traffic per multiply-add).
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
@@ -87,6 +92,7 @@ class CodegenOptions:
     prefetch: bool = True
     reduce_chains: int = 4
     warpgroup_products: bool = True
+    warpgroup_width: int = 128
     producer_warp: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64
@@ -102,6 +108,9 @@ class CodegenOptions:
             raise PolyfuseError(f"CodegenOptions.reduce_chains must be a power of two, got {self.reduce_chains}")
         if self.warps is not None and self.warps > 32:
             raise PolyfuseError(f"CodegenOptions.warps is {self.warps}; a block has at most 32 warps (1024 threads)")
+        if self.warpgroup_width not in WARPGROUP_WIDTHS:
+            raise PolyfuseError(f"CodegenOptions.warpgroup_width is {self.warpgroup_width}; the warpgroup products "
+                                f"polyfuse emits take {' or '.join(map(str, WARPGROUP_WIDTHS))} columns")
 
     def describe(self) -> str:
         """``name=value`` for every option, in field order (printed in the source header)."""

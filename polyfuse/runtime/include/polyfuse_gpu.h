@@ -265,9 +265,11 @@ PF_DEV int swizzled_at(int o, int i, int outer) {
     return (i >> 6) * outer * 64 + o * 64 + ((((i >> 3) ^ o) & 7) << 3) + (i & 7);
 }
 #if !defined(__HIPCC__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-PF_DEV uint64_t wgmma_desc_k128(const void* tile) {
-    return (uint64_t((smem_addr(tile) & 0x3FFFF) >> 4)) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32)
-           | (uint64_t(1) << 62);
+// An N-major operand (TB = 1) wider than one 64-element panel has its next panel of 64 n ``lbo`` bytes further
+// (the leading byte offset); a K-major one never needs it (its n rows follow each other in 8-row atoms).
+PF_DEV uint64_t wgmma_desc_k128(const void* tile, uint32_t lbo = 16) {
+    return (uint64_t((smem_addr(tile) & 0x3FFFF) >> 4)) | (uint64_t((lbo >> 4) & 0x3FFF) << 16)
+           | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
 }
 // Ordinary stores to shared memory become visible to the async proxy (wgmma, bulk copies) after this fence.
 PF_DEV void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
@@ -320,25 +322,33 @@ template <int NT> PF_DEV float& acc_at(float (&d)[NT][4], int i) { return d[i / 
     PF_ACC4(d, i + 20), PF_ACC4(d, i + 24), PF_ACC4(d, i + 28)
 #define PF_D32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
     "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-// d (+)= a * b over k16 for a warpgroup, 64 x 64 f32 accumulators (tiles 8C.. of d), operands of TYPE:
-//   SS form (wgmma_m64n64k16_TYPE): a 64x16 K-major at descriptor da, b from descriptor db;
+#define PF_D64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
+#define PF_ACC64(d, i) PF_ACC32(d, i), PF_ACC32(d, i + 32)
+// d (+)= a * b over k16 for a warpgroup, 64 x N f32 accumulators (N = 64: tiles 8C .. 8C + 7 of d; N = 128:
+// tiles 16C .. 16C + 15), operands of TYPE:
+//   SS form (wgmma_m64nNk16_TYPE): a 64x16 K-major at descriptor da, b from descriptor db;
 //   RS form (..._rs): a from registers, four of two 16-bit values each, as mma.m16n8k16's A per warp (warp w:
 //   rows 16w + l/4 (+8), k 2(l%4) (+1) (+8)) -- attention's P never touches shared memory.
 // b is K-major (the n rows of b^T, rows of 64 k: the next k16 step +2 in the descriptor) with TB = 0, or N-major
 // with TB = 1 (rows of 64 n, 128-byte swizzled, 8-row atoms 1024 bytes apart: attention's value tile [key][dv];
-// the next k16 step 2048 bytes further, +128).  accumulate = false starts from zero.
-#define PF_WGMMA_M64N64K16(NAME, TYPE)                                                                          \
+// the next k16 step 2048 bytes further, +128; at N = 128 the descriptor's lbo is the distance between its two
+// panels of 64 n).  One product of N = 128 reads a once where two of N = 64 read it twice.
+// accumulate = false starts from zero.
+#define PF_WGMMA_M64N64K16(NAME, TYPE)                                                                         \
     template <int TB = 0, int C = 0, typename D>                                                                 \
     PF_DEV void NAME(D& d, uint64_t da, uint64_t db, bool accumulate) {                                          \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                               \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                    \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                   \
                      "%32, %33, p, 1, 1, 0, %35;\n}\n"                                                            \
                      : PF_ACC32(d, 32 * C) : "l"(da), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));             \
     }                                                                                                            \
     template <int TB = 0, int C = 0, typename D>                                                                 \
     PF_DEV void NAME##_rs(D& d, const uint32_t (&a)[4], uint64_t db, bool accumulate) {                          \
         asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                               \
-                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                    \
+                     "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " " PF_D32                   \
                      "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                            \
                      : PF_ACC32(d, 32 * C)                                                                       \
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));  \
@@ -346,7 +356,28 @@ template <int NT> PF_DEV float& acc_at(float (&d)[NT][4], int i) { return d[i / 
 PF_WGMMA_M64N64K16(wgmma_m64n64k16_f16, "f16")
 PF_WGMMA_M64N64K16(wgmma_m64n64k16_bf16, "bf16")
 #undef PF_WGMMA_M64N64K16
+#define PF_WGMMA_M64N128K16(NAME, TYPE)                                                                         \
+    template <int TB = 0, int C = 0, typename D>                                                                 \
+    PF_DEV void NAME(D& d, uint64_t da, uint64_t db, bool accumulate) {                                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                               \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " PF_D64                   \
+                     "%64, %65, p, 1, 1, 0, %67;\n}\n"                                                            \
+                     : PF_ACC64(d, 64 * C) : "l"(da), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));             \
+    }                                                                                                            \
+    template <int TB = 0, int C = 0, typename D>                                                                 \
+    PF_DEV void NAME##_rs(D& d, const uint32_t (&a)[4], uint64_t db, bool accumulate) {                          \
+        asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                                               \
+                     "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " " PF_D64                   \
+                     "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"                                            \
+                     : PF_ACC64(d, 64 * C)                                                                       \
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(accumulate ? 1 : 0), "n"(TB));  \
+    }
+PF_WGMMA_M64N128K16(wgmma_m64n128k16_f16, "f16")
+PF_WGMMA_M64N128K16(wgmma_m64n128k16_bf16, "bf16")
+#undef PF_WGMMA_M64N128K16
 #undef PF_D32
+#undef PF_D64
+#undef PF_ACC64
 #undef PF_ACC32
 #undef PF_ACC4
 #endif
