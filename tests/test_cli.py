@@ -23,7 +23,7 @@ from polyfuse import ops
 from polyfuse.cli import main
 from polyfuse.cli.demo import DEMO_OPERATORS
 from polyfuse.cli.stages import BACKEND_NAMES, BACKENDS, STAGE_NAMES, STAGES
-from polyfuse.errors import BackendUnavailable
+from polyfuse.errors import BackendUnavailable, InternalError
 from polyfuse.ir.printer import program_from_source
 from polyfuse.runtime.cache import CACHE_ENV, cache_info
 
@@ -257,6 +257,18 @@ def test_demo_exits_4_when_a_backend_it_should_run_cannot(capsys, monkeypatch):
     lines = out.splitlines()
     assert "cpp     (the host C++ backend needs a C++ compiler; 'g++' is not on PATH)" in lines
     assert lines[-2] == "not available: cpp backend" and lines[-1].startswith("3/4 checks OK")
+
+
+def test_a_bug_exits_5_with_its_traceback_and_the_command_line(capsys, monkeypatch):
+    def broken(subject, inputs):
+        raise InternalError("an invariant did not hold")
+
+    monkeypatch.setitem(polyfuse.cli.stages.BACKENDS, "interp", broken)
+    code, out, err = cli(capsys, "check", "softmax")
+    assert code == 5, out + err
+    assert "Traceback" in err and "InternalError: an invariant did not hold" in err
+    assert err.splitlines()[-1].startswith("polyfuse: internal error: a bug in polyfuse")
+    assert err.splitlines()[-1].endswith("polyfuse check softmax")
 
 
 def test_demo_falls_back_to_the_next_operator(capsys, monkeypatch):

@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 from polyfuse import __version__
 from polyfuse.cli import bench, commands, demo, dump
-from polyfuse.cli.commands import EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from polyfuse.cli.commands import EXIT_BUG, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
-from polyfuse.errors import BackendUnavailable, PolyfuseError
+from polyfuse.errors import BackendUnavailable, InternalError, PolyfuseError
 from polyfuse.ops.variants import VARIANTS
 
 
@@ -136,6 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_UNAVAILABLE
         print(f"polyfuse: error: {err}", file=sys.stderr)
         return EXIT_REFUSED
+    except InternalError:
+        # a bug, not a user error: its own exit status (not "check failed"), with the traceback a report needs
+        traceback.print_exc()
+        print("polyfuse: internal error: a bug in polyfuse (the traceback above); please report it with the command "
+              f"line: {' '.join(args.command_line)}", file=sys.stderr)
+        return EXIT_BUG
 
 
 __all__ = ["build_parser", "main"]
