@@ -4,6 +4,7 @@ which roll over chunks (and why), that their CUDA compiles warning-free for sm_9
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -107,10 +108,17 @@ def test_long_rows_roll_over_chunks():
 
 
 def test_the_refusal_names_the_budget():
+    # 4 registers per thread and 16 KB of shared memory per block: neither holds the two 32 KB row tiles, at
+    # 256 threads nor at 1024.
     op = ops.get("rmsnorm_amax")
     sch = default_schedule("rmsnorm_amax", "default", op.program("default", N=4, M=8192), target="cuda")
-    _, plan = gpu_plan(skip_masked_tiles(to_tiles(sch.program)), Target("cuda", H100, CodegenOptions(row_registers=16)))
-    assert "64 registers per thread" in plan.kernels[0].rows and "budget of 16" in plan.kernels[0].rows
+    small = dataclasses.replace(H100, shared_per_block=16384)
+    target = Target("cuda", small, CodegenOptions(row_registers=4))
+    _, plan = gpu_plan(skip_masked_tiles(to_tiles(sch.program)), target)
+    reason = plan.kernels[0].rows
+    assert isinstance(reason, str)
+    assert "64 registers per thread" in reason and "budget of 4" in reason
+    assert "65536 bytes of shared memory, over the 12288" in reason
 
 
 def test_the_option_turns_it_off():

@@ -21,6 +21,14 @@ Reductions run in another order than the rolling loop's (per thread, then per wa
 sums differ by rounding within the terms the operators' tolerance notes already give for reordered f32
 sums; max/min/or are exact.  Two-pass statistics from registers need no repair factor.
 
+Where the row tiles do not fit the registers of two blocks per SM (rows of 32768 f32: 128 registers per thread
+and tile at 256 threads), the block gets the device's most threads (:func:`warps_for`) and the register budget
+of one block per SM: the tiles it holds stay in registers, in program order, and the rest live in shared memory
+— the row itself, each thread's vectors at their own places, so that a thread only reads back what it wrote and
+no barrier is needed (filled by ``cp.async`` where the device has it; read and written 16 bytes at a time).  The
+row is still read from memory once.  Rows that fit neither (65536 f32: 256 KB a tile) stay in memory, and the
+plan says why.
+
 The kernel plan asks :func:`plan` for every block kernel (the options' ``rows_on_chip`` turns it off); the
 default GPU schedules (:mod:`polyfuse.ops.schedules`) build the row kernel without rolling, plan it, and keep
 it where every kernel's rows went on chip, else roll over chunks.  :func:`warps_for` gives short rows fewer
@@ -48,6 +56,9 @@ if TYPE_CHECKING:
 
 RESERVED_REGISTERS = 32
 """32-bit registers per thread left to everything but the row tiles (indices, accumulators, addresses)."""
+SHARED_RESERVE = 4096
+"""Bytes of shared memory per block left to the kernel's temporaries and block-reduction partials when row
+tiles are placed in shared memory (:func:`plan`)."""
 SLOTS_PER_THREAD = 4
 """Vectors per thread a short row is spread to before the block gets more warps (:func:`warps_for`)."""
 
@@ -63,6 +74,13 @@ class RowTile:
     dtype: str
     loaded: bool
     stored: bool
+    shared_at: int | None = None
+    """Where registers cannot hold it: the byte offset of the row in shared memory (each thread's vectors at
+    their own places in the row, so that only the thread that wrote an element reads it: no barrier)."""
+
+    @property
+    def in_shared(self) -> bool:
+        return self.shared_at is not None
 
 
 @dataclass(frozen=True)
@@ -101,6 +119,10 @@ class RowsOnChip:
     steps: tuple[TileStore | Accumulate | Combine, ...]
     registers: int
     budget: int
+    blocks_per_sm: int = 2
+    """The resident blocks per SM the register budget is for: 2, or 1 where row tiles had to go to shared memory."""
+    async_copy: bool = False
+    """Row tiles in shared memory are filled by ``cp.async`` (no registers in between), else by vector copies."""
 
     @property
     def kept(self) -> frozenset[str]:
@@ -109,14 +131,22 @@ class RowsOnChip:
 
     def describe(self) -> list[str]:
         loaded = [t.tensor for t in self.tiles if t.loaded]
-        computed = [t.tensor + ("" if t.stored else " (registers only)") for t in self.tiles if not t.loaded]
+        computed = [t.tensor + ("" if t.stored else " (shared memory only)" if t.in_shared else " (registers only)")
+                    for t in self.tiles if not t.loaded]
         combines = [s for s in self.steps if isinstance(s, Combine)]
         barrier = "no barrier (one warp)" if self.threads <= 32 else f"{len(combines)} barrier(s)"
         lines = [f"rows on chip: {self.length} elements per row, {self.vec} per access, {self.slots} vector(s) per "
                  f"thread; {self.registers} registers per thread for the row tiles (budget {self.budget})",
                  f"  loaded once: {', '.join(loaded) or 'none'}; "
-                 f"computed in registers: {', '.join(computed) or 'none'}",
+                 f"computed on chip: {', '.join(computed) or 'none'}",
                  f"  {len(combines)} block reduction(s), {barrier}"]
+        if self.blocks_per_sm == 1:
+            shared = [f"{t.tensor} ({self.length * SIZEOF[STORAGE_TYPES[t.dtype]]} bytes at {t.shared_at})"
+                      for t in self.tiles if t.in_shared]
+            how = "cp.async" if self.async_copy else "vector copies through registers"
+            lines.insert(1, f"  over the register budget of two blocks per SM: one block of {self.threads} threads "
+                            f"per SM" + (f"; in shared memory: {', '.join(shared)}, loaded rows by {how}"
+                                         if shared else ""))
         for c in combines:
             what = ", ".join(f"{b}" + (f" (level {k})" if k else "") for b, k in c.items)
             lines.append(f"    combine {what}: {c.nbytes} bytes of partials at {c.at}")
@@ -177,7 +207,12 @@ def body_stores(body: Stmt) -> list[TileStore] | None:
 def plan(stores: list[TileStore] | None, threads: int, warp: int, shared_names: frozenset[str],
          device: DeviceSpec, options: CodegenOptions, take) -> RowsOnChip | str:
     """The on-chip plan of a block kernel's body ``stores``, or why its rows stay in memory.  ``take(nbytes)``
-    allocates shared memory for the partials of each block reduction."""
+    allocates shared memory for the row tiles placed there and for the partials of each block reduction.
+
+    Where the row tiles fit the register budget of two resident blocks per SM (:func:`register_budget`), they
+    all live in registers.  Otherwise the budget of one block per SM keeps as many tiles as it holds in
+    registers, in program order, and the rest live in shared memory, if the block may have that much
+    (:data:`SHARED_RESERVE` left to the rest of the kernel); else the rows stay in memory."""
     if not options.rows_on_chip:
         return "off (CodegenOptions.rows_on_chip)"
     if stores is None:
@@ -187,22 +222,63 @@ def plan(stores: list[TileStore] | None, threads: int, warp: int, shared_names: 
         return found
     length, tiles = found
     tiles = kept_tiles(tiles, shared_names)
+    fit = _fit(stores, tiles, length, threads, device, options)
+    if isinstance(fit, str):
+        return fit
+    vec, slots, in_shared, registers, budget, blocks = fit
+    placed = [dataclasses.replace(t, shared_at=take(length * SIZEOF[STORAGE_TYPES[t.dtype]]))
+              if t in in_shared else t for t in tiles]
+    async_copy = device.cp_async and all(SIZEOF[STORAGE_TYPES[t.dtype]] * vec == VECTOR_BYTES
+                                         for t in in_shared if t.loaded)
+    steps = _steps(stores, threads, warp, take)
+    return RowsOnChip(tuple(stores), length, vec, slots, threads, tuple(placed), tuple(steps), registers, budget,
+                      blocks, async_copy and any(t.loaded for t in in_shared))
+
+
+def register_budget(device: DeviceSpec, options: CodegenOptions, threads: int, blocks: int) -> int:
+    """32-bit registers per thread for the row tiles with ``blocks`` blocks of ``threads`` resident per SM: the
+    register file shared out, less :data:`RESERVED_REGISTERS`, at most the options' ``row_registers``."""
+    return min(options.row_registers, device.registers_per_sm // (blocks * threads) - RESERVED_REGISTERS)
+
+
+def _fit(stores: list[TileStore], tiles: list[RowTile], length: int, threads: int, device: DeviceSpec,
+         options: CodegenOptions) -> tuple[int, int, list[RowTile], int, int, int] | str:
+    """Where the row tiles go at ``threads`` threads: ``(vec, slots, tiles in shared memory, registers of the
+    tiles in registers, their budget, blocks per SM of the budget)``, or why they do not fit on chip."""
     vec = _vector(stores, tiles, length)
     slots = -(-length // (vec * threads))
-    registers = sum(slots * vec * -(-SIZEOF[STORAGE_TYPES[t.dtype]] // 4) for t in tiles
-                    if t.loaded or _read_later(stores, t))
-    budget = min(options.row_registers, device.registers_per_sm // (2 * threads) - RESERVED_REGISTERS)
-    if registers > budget:
-        return (f"a row of {length} elements takes {registers} registers per thread for its {len(tiles)} row "
-                f"tile(s) at {threads} threads, over the budget of {budget}")
-    steps = _steps(stores, threads, warp, take)
-    return RowsOnChip(tuple(stores), length, vec, slots, threads, tuple(tiles), tuple(steps), registers, budget)
+    held = [t for t in tiles if t.loaded or _read_later(stores, t)]
+
+    def regs(t: RowTile) -> int:
+        return slots * vec * -(-SIZEOF[STORAGE_TYPES[t.dtype]] // 4)
+
+    registers = sum(regs(t) for t in held)
+    budget = register_budget(device, options, threads, 2)
+    if registers <= budget:
+        return vec, slots, [], registers, budget, 2
+    alone = register_budget(device, options, threads, 1)
+    in_registers = 0
+    in_shared = []
+    for t in held:
+        if in_registers + regs(t) <= alone:
+            in_registers += regs(t)
+        else:
+            in_shared.append(t)
+    nbytes = sum(length * SIZEOF[STORAGE_TYPES[t.dtype]] for t in in_shared)
+    room = device.shared_per_block - SHARED_RESERVE
+    if nbytes > room:
+        return (f"a row of {length} elements takes {registers} registers per thread for its {len(held)} row "
+                f"tile(s) at {threads} threads, over the budget of {budget}; with one block per SM ({alone} "
+                f"registers) the tiles left over take {nbytes} bytes of shared memory, over the {room} a block has "
+                f"for them")
+    return vec, slots, in_shared, in_registers, alone, 1
 
 
 def warps_for(stores: list[TileStore] | None, device: DeviceSpec, options: CodegenOptions) -> int | None:
     """Warps for a kernel whose rows can stay on chip: the fewest (down to one) that give each thread at most
-    :data:`SLOTS_PER_THREAD` vectors of the row, at most the device's default; None where the rows cannot
-    stay on chip."""
+    :data:`SLOTS_PER_THREAD` vectors of the row, at most the device's default; where the row tiles then fit
+    neither the registers of two blocks per SM nor the shared memory (:func:`plan`), but fit at the block's most
+    threads, those (more threads, fewer registers each).  None where the rows cannot stay on chip."""
     if not options.rows_on_chip or stores is None:
         return None
     found = _shape(stores)
@@ -210,7 +286,14 @@ def warps_for(stores: list[TileStore] | None, device: DeviceSpec, options: Codeg
         return None
     length, tiles = found
     per_warp = _vector(stores, tiles, length) * device.warp_size * SLOTS_PER_THREAD
-    return max(1, min(device.default_warps, -(-length // per_warp)))
+    warps = max(1, min(device.default_warps, -(-length // per_warp)))
+    if warps < device.default_warps:
+        return warps
+    here = _fit(stores, tiles, length, warps * device.warp_size, device, options)
+    if not isinstance(here, str) and here[5] == 2:
+        return warps  # (every row tile in registers)
+    most = device.max_threads_per_block // device.warp_size
+    return most if not isinstance(_fit(stores, tiles, length, most * device.warp_size, device, options), str) else warps
 
 
 def _shape(stores: list[TileStore]) -> tuple[int, list[RowTile]] | str:
@@ -330,37 +413,75 @@ def _steps(stores: list[TileStore], threads: int, warp: int, take) -> list[TileS
 
 def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
     """The kernel body ``rows`` plans (see the module docstring)."""
-    em.line(f"// rows on chip: {rows.length} elements per row in registers, {rows.slots} x {rows.vec} per thread")
+    where = "in registers" + (" and shared memory" if any(t.in_shared for t in rows.tiles) else "") + (
+        ", one block per SM" if rows.blocks_per_sm == 1 else "")
+    em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
     em.materialized = {}
     state = _State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
     for t in rows.tiles:
-        em.line(f"alignas(16) {STORAGE_TYPES[t.dtype]} {state.arrays[(t.tensor, t.index)]}[{rows.slots * rows.vec}];")
+        name = state.arrays[(t.tensor, t.index)]
+        if t.in_shared:
+            em.shared_array(STORAGE_TYPES[t.dtype], name, rows.length * SIZEOF[STORAGE_TYPES[t.dtype]], t.shared_at)
+        else:
+            em.line(f"alignas(16) {STORAGE_TYPES[t.dtype]} {name}[{rows.slots * rows.vec}];")
     stores = {s.block: s for s in rows.stores}
-    _copy(em, rows, [(n, state.arrays[row_tile_key(n)]) for n in _first_loads(list(stores.values()), rows)],
-          to_memory=False)
+    _copy(em, rows, [(n, state.arrays[row_tile_key(n)], state.tile(n).in_shared)
+                     for n in _first_loads(list(stores.values()), rows)], to_memory=False)
     for step in rows.steps:
         if isinstance(step, Accumulate):
             s = stores[step.block]
             _overrides(em, state, s)
-            state.partials[(step.block, step.level)] = _accumulate(em, rows, levels(s)[step.level])
+            state.partials[(step.block, step.level)] = _accumulate(em, state, levels(s)[step.level])
         elif isinstance(step, Combine):
             _combine(em, state, step)
             for block in step.finished:
                 _scalar_store(em, state, stores[block])
         elif (key := row_tile_key(step)) is not None:
-            _overrides(em, state, step)
-            axis = next(i.axis for i in step.index if isinstance(i, Slice))
-            arr = state.arrays[key]
-            with _elements(em, rows):
-                value = em.convert(em.scalar(step.value, {axis: "pf_j"}), step.value.dtype, step.tensor.dtype)
-                em.line(f"{arr}[pf_k * {rows.vec} + pf_v] = {em.to_storage(value, step.tensor.dtype)};")
-            if next(t for t in rows.tiles if (t.tensor, t.index) == key).stored:
-                _copy(em, rows, [(step, arr)], to_memory=True)
-            if step.value.dtype == step.tensor.dtype and em.stype(step.tensor.dtype) == em.ctype(step.tensor.dtype):
-                state.values[step.value] = f"{arr}[pf_k * {rows.vec} + pf_v]"  # (read again below: no recompute)
+            _row_store(em, state, step, key)
         else:
             _scalar_store(em, state, step)
         em.overrides.clear()
+
+
+def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> None:
+    """A statement computing a row tile: into registers (written to memory after, if stored), or into the
+    thread's vectors of the row in shared memory (each written to memory at once, if stored)."""
+    rows = state.rows
+    tile = state.tile(step)
+    _overrides(em, state, step)
+    axis = next(i.axis for i in step.index if isinstance(i, Slice))
+    arr = state.arrays[key]
+    target = f"{arr}_v[pf_v]" if tile.in_shared else f"{arr}[pf_k * {rows.vec} + pf_v]"
+    write = (tile, arr, step if tile.stored else None)
+    with _elements(em, rows, reads=_shared_reads(state, [step.value]), write=write):
+        value = em.convert(em.scalar(step.value, {axis: "pf_j"}), step.value.dtype, step.tensor.dtype)
+        em.line(f"{target} = {em.to_storage(value, step.tensor.dtype)};")
+    if tile.in_shared:
+        return
+    if tile.stored:
+        _copy(em, rows, [(step, arr, False)], to_memory=True)
+    if step.value.dtype == step.tensor.dtype and em.stype(step.tensor.dtype) == em.ctype(step.tensor.dtype):
+        state.values[step.value] = f"{arr}[pf_k * {rows.vec} + pf_v]"  # (read again below: no recompute)
+
+
+def _shared_reads(state: _State, exprs: list[Expr]) -> list[tuple[RowTile, str]]:
+    """The row tiles in shared memory that ``exprs`` read where printed (not under a value already at hand),
+    with their arrays: each is read a vector at a time."""
+    found: dict[tuple, tuple[RowTile, str]] = {}
+
+    def visit(e: Expr) -> None:
+        if e in state.results or e in state.values or (isinstance(e, Reduce) and first_row(e)):
+            return
+        if isinstance(e, TileLoad) and (k := row_tile_key(e)) in state.arrays:
+            if state.tile(e).in_shared:
+                found.setdefault(k, (state.tile(e), state.arrays[k]))
+            return
+        for c in _children(e):
+            visit(c)
+
+    for e in exprs:
+        visit(e)
+    return list(found.values())
 
 
 @dataclass
@@ -374,6 +495,10 @@ class _State:
     results: dict[Expr, str] = dataclasses.field(default_factory=dict)
     scalars: dict[tuple, str] = dataclasses.field(default_factory=dict)
     values: dict[Expr, str] = dataclasses.field(default_factory=dict)
+
+    def tile(self, access: TileLoad | TileStore) -> RowTile:
+        key = row_tile_key(access)
+        return next(t for t in self.rows.tiles if (t.tensor, t.index) == key)
 
 
 def _scalar_store(em: CudaEmitter, state: _State, s: TileStore) -> None:
@@ -399,10 +524,15 @@ def _first_loads(stores: list[TileStore], rows: RowsOnChip) -> list[TileLoad]:
 
 class _elements:
     """A fully unrolled loop over a thread's elements of the row (``pf_k``: vector, ``pf_v``: lane, ``pf_j``:
-    element), skipping those past the row's end."""
+    element), skipping those past the row's end.  Per vector, the row tiles in shared memory of ``reads`` are
+    read first into lane arrays (``{array}_v``: one 16-byte access each), and ``write``'s tile, computed into
+    its lane array, is written after to shared memory and, if it names a store, to memory."""
 
-    def __init__(self, em: CudaEmitter, rows: RowsOnChip, lanes: bool = True):
+    def __init__(self, em: CudaEmitter, rows: RowsOnChip, lanes: bool = True,
+                 reads: list[tuple[RowTile, str]] | None = None,
+                 write: tuple[RowTile, str, TileStore | None] | None = None):
         self.em, self.rows, self.lanes = em, rows, lanes
+        self.reads, self.write = reads or [], write if write is not None and write[0].in_shared else None
 
     def __enter__(self) -> None:
         em, r = self.em, self.rows
@@ -412,6 +542,12 @@ class _elements:
         self.ragged = r.length % (r.vec * r.threads) != 0
         if self.ragged:
             em.open(f"if (pf_j0 < {r.length})")
+        for t, arr in self.reads:
+            em.line(f"alignas(16) {STORAGE_TYPES[t.dtype]} {arr}_v[{r.vec}];")
+            _vector_copy(em, t.dtype, r.vec, f"&{arr}_v[0]", f"&{arr}[pf_j0]", asynchronous=False)
+        if self.write is not None:
+            tile, arr, _ = self.write
+            em.line(f"alignas(16) {STORAGE_TYPES[tile.dtype]} {arr}_v[{r.vec}];")
         if self.lanes:
             em.line("#pragma unroll")
             em.open(f"for (int pf_v = 0; pf_v < {r.vec}; ++pf_v)")
@@ -420,26 +556,55 @@ class _elements:
     def __exit__(self, *exc: object) -> None:
         if self.lanes:
             self.em.close()
+        if self.write is not None:
+            tile, arr, store = self.write
+            _vector_copy(self.em, tile.dtype, self.rows.vec, f"&{arr}[pf_j0]", f"&{arr}_v[0]", asynchronous=False)
+            if store is not None:
+                axis = next(i.axis for i in store.index if isinstance(i, Slice))
+                mem = f"&{self.em.access(store.tensor, store.index, {axis: 'pf_j0'})}"
+                _vector_copy(self.em, tile.dtype, self.rows.vec, mem, f"&{arr}_v[0]", asynchronous=False)
         if self.ragged:
             self.em.close()
         self.em.close()
 
 
-def _copy(em: CudaEmitter, rows: RowsOnChip, pairs: list, to_memory: bool) -> None:
-    """Vector copies between each access's row (loads or a store) and its register array."""
-    if not pairs:
+def _vector_copy(em: CudaEmitter, dtype: str, vec: int, dst: str, src: str, asynchronous: bool) -> None:
+    """``vec`` elements of ``dtype`` from ``src`` to ``dst`` in 16-byte (or narrower) accesses; with
+    ``asynchronous``, global to shared memory by ``cp.async`` (16-byte chunks only)."""
+    ctype, n = chunks(SIZEOF[STORAGE_TYPES[dtype]], vec)
+    for c in range(n):
+        if asynchronous:
+            em.line(f"pf::cp_async16(reinterpret_cast<{ctype}*>({dst}) + {c}, "
+                    f"reinterpret_cast<const {ctype}*>({src}) + {c}, true);")
+        else:
+            em.line(f"reinterpret_cast<{ctype}*>({dst})[{c}] = reinterpret_cast<const {ctype}*>({src})[{c}];")
+
+
+def _copy(em: CudaEmitter, rows: RowsOnChip, triples: list, to_memory: bool) -> None:
+    """Vector copies between each access's row (loads or a store) and its register array, or (loads) the
+    thread's vectors of the row in shared memory (``cp.async`` where the plan says so, waited for at once)."""
+    if not triples:
         return
+    asynchronous = False
     with _elements(em, rows, lanes=False):
-        for access, arr in pairs:
+        for access, arr, in_shared in sorted(triples, key=lambda t: not t[2]):  # (the asynchronous ones first)
             axis = next(i.axis for i in access.index if isinstance(i, Slice))
+            mem = f"&{em.access(access.tensor, access.index, {axis: 'pf_j0'})}"
+            reg = f"&{arr}[pf_j0]" if in_shared else f"&{arr}[pf_k * {rows.vec}]"
+            dst, src = (mem, reg) if to_memory else (reg, mem)
+            use_async = in_shared and rows.async_copy and not to_memory
+            asynchronous |= use_async
+            if use_async or in_shared:
+                _vector_copy(em, access.tensor.dtype.name, rows.vec, dst, src, use_async)
+                continue
             st = STORAGE_TYPES[access.tensor.dtype.name]
             ctype, n = chunks(SIZEOF[st], rows.vec)
-            mem = f"&{em.access(access.tensor, access.index, {axis: 'pf_j0'})}"
-            reg = f"&{arr}[pf_k * {rows.vec}]"
-            dst, src = (mem, reg) if to_memory else (reg, mem)
             const = "" if to_memory else "const "
             for c in range(n):
                 em.line(f"reinterpret_cast<{ctype}*>({dst})[{c}] = reinterpret_cast<{const}{ctype}*>({src})[{c}];")
+    if asynchronous:
+        em.line("pf::cp_async_commit();")
+        em.line("pf::cp_async_wait<0>();  // (each thread reads back only the vectors it copied: no barrier)")
 
 
 def _overrides(em: CudaEmitter, state: _State, s: TileStore) -> None:
@@ -454,14 +619,15 @@ def _overrides(em: CudaEmitter, state: _State, s: TileStore) -> None:
         elif isinstance(n, TileLoad):
             k = row_tile_key(n)
             if k in state.arrays:
-                em.overrides[n] = em.from_storage(f"{state.arrays[k]}[pf_k * {vec} + pf_v]", n.tensor.dtype)
+                element = "_v[pf_v]" if state.tile(n).in_shared else f"[pf_k * {vec} + pf_v]"
+                em.overrides[n] = em.from_storage(f"{state.arrays[k]}{element}", n.tensor.dtype)
             elif (n.tensor.name, n.index) in state.scalars and n.mask is None:
                 em.overrides[n] = state.scalars[(n.tensor.name, n.index)]
         elif isinstance(n, Reduce) and first_row(n):
             em.overrides[n] = "true"
 
 
-def _accumulate(em: CudaEmitter, rows: RowsOnChip, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:
+def _accumulate(em: CudaEmitter, state: _State, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:
     """Each thread's partial of every reduction of ``level`` over its elements, in one pass."""
     found = []
     for r in level:
@@ -469,7 +635,8 @@ def _accumulate(em: CudaEmitter, rows: RowsOnChip, level: list[Reduce | Dot]) ->
         ct = em.reduce_type(r) if isinstance(r, Reduce) else COMPUTE_TYPES[r.dtype.name]
         em.line(f"{ct} {acc} = {_REDUCE_INIT[r.op] if isinstance(r, Reduce) else '0'};")
         found.append((r, acc, ct))
-    with _elements(em, rows):
+    exprs = [x for r in level for x in ([r.tile] if isinstance(r, Reduce) else [r.a, r.b])]
+    with _elements(em, state.rows, reads=_shared_reads(state, exprs)):
         for r, acc, ct in found:
             env = {r.axis: "pf_j"}
             if isinstance(r, Reduce):

@@ -63,7 +63,8 @@ class CodegenOptions:
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
     reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
-    (:mod:`~polyfuse.emit_cpp.onchip`); the default GPU schedules then do not roll such rows over chunks.
+    (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
+    default GPU schedules then do not roll such rows over chunks.
     """
 
     fast_exp: bool = True

@@ -226,6 +226,9 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     held = max((lp.fragments.registers for lp in plan.loops.values() if lp.fragments is not None), default=0)
     if held:
         resident_blocks = min(resident_blocks, max(1, device.registers_per_sm // (frame.threads * held)))
+    if isinstance(plan.rows, onchip.RowsOnChip) and plan.rows.blocks_per_sm == 1:
+        # the row tiles take the registers of the one block per SM the plan budgeted for (onchip.plan)
+        resident_blocks = 1
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
     if any(lp.fragments is not None and lp.fragments.producer for lp in plan.loops.values()):
         # warpgroups that trade registers (setmaxnreg): ptxas gives the computing code the registers they take
