@@ -1,7 +1,9 @@
 """One benchmark case, measured: polyfuse's CUDA kernel and the PyTorch baselines on the same inputs.
 
 - polyfuse: the operator's default GPU schedule for the device (``default_schedule(..., target="cuda",
-  device=loader("cuda").device_spec())``), built with ``polyfuse.pipeline.build(sch, "cuda", fp_contract=True)``
+  device=loader("cuda").device_spec())``) of its generic program for the GPU (``Operator.generic_program(mode,
+  "cuda")``, the kernel ``polyfuse check --backend cuda`` runs: the sizes of ``gpu_symbolic`` are parameters; every
+  size fixed with ``BenchOptions.static_sizes``), built with ``polyfuse.pipeline.build(sch, "cuda", fp_contract=True)``
   (FMA contraction asked for, as ``polyfuse check --backend cuda`` asks); schedule and build times are recorded
   apart (compile time);
 - PyTorch eager (:mod:`polyfuse.bench.baselines`), ``torch.compile`` of it (compile time excluded), and the other
@@ -57,6 +59,9 @@ class BenchOptions:
     rep_ms: float = 100.0
     compile: bool = True
     reference: bool = True
+    static_sizes: bool = False
+    """Build polyfuse's kernel for the case's sizes, every one fixed, instead of the generic kernel (whose
+    ``gpu_symbolic`` sizes are parameters, one kernel for all their values)."""
 
 
 # ------------------------------------------------------------------ arrays and timing
@@ -211,7 +216,7 @@ def first_call(fn: Callable[[], Any], caught: list[str]) -> tuple[Any, float]:
                                         if t and not t.endswith("because:") and "runtime disabled" not in t))
 
 
-def _polyfuse_candidate(case: Case, program: Any, inputs: dict[str, Any], options: BenchOptions,
+def _polyfuse_candidate(case: Case, inputs: dict[str, Any], options: BenchOptions,
                         rec: dict[str, Any]) -> Callable[[], Any] | str:
     """polyfuse's kernel as a candidate (schedule and build times into ``rec``), or why it could not be built."""
     import torch
@@ -224,6 +229,9 @@ def _polyfuse_candidate(case: Case, program: Any, inputs: dict[str, Any], option
         device = loader("cuda", options.loader).device_spec()  # the device build() compiles for
         rec["device"] = device.describe()
         start = time.perf_counter()
+        op, sizes = ops.get(case.operator), dict(case.sizes)
+        program = (op.program(case.mode, **sizes) if options.static_sizes
+                   else op.generic_program(case.mode, "cuda", **sizes))
         sch = default_schedule(case.operator, case.mode, program, target="cuda", device=device)
         rec["schedule_s"] = time.perf_counter() - start
         start = time.perf_counter()
@@ -282,7 +290,7 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
     del inputs_np
 
     candidates: dict[str, Callable[[], Any] | str] = {
-        "polyfuse": _polyfuse_candidate(case, program, inputs, options, rec)}
+        "polyfuse": _polyfuse_candidate(case, inputs, options, rec)}
     prepared = baselines.prepare(name, mode, sizes)
     candidates["eager"] = lambda: prepared(inputs)
     if not options.compile:

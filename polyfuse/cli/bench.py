@@ -31,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rep", type=float, default=100.0, help="do_bench measuring time, ms (default 100)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (and FlexAttention)")
     p.add_argument("--no-reference", action="store_true", help="skip the float64 NumPy reference")
+    p.add_argument("--static-sizes", action="store_true",
+                   help="build polyfuse's kernel for each case's sizes, every one fixed (default: the generic "
+                        "kernel, one for every value of the operator's gpu_symbolic sizes)")
 
 
 def bench(args: argparse.Namespace) -> int:
@@ -40,7 +43,8 @@ def bench(args: argparse.Namespace) -> int:
     which = "sweep" if args.sweep else "bench"
     chosen = cases(ops.get(args.op), which, {args.mode} if args.mode else set(), dict(args.set))
     options = BenchOptions(seed=args.seed, loader=args.loader, warmup_ms=args.warmup, rep_ms=args.rep,
-                           compile=not args.no_compile, reference=not args.no_reference)
+                           compile=not args.no_compile, reference=not args.no_reference,
+                           static_sizes=args.static_sizes)
     done = run(chosen, options, command=shlex.join(args.command_line), sizes=which, out=args.out)
     print("\n".join(table(done.records)))
     print(f"\nresults: {done.out / 'gpu_bench.md'}, {done.out / 'gpu_bench.json'}"

@@ -55,11 +55,19 @@ class Subject:
     def host_schedule(self) -> Schedule:
         """The default host schedule of the operator's generic program (:meth:`Operator.generic_program`): its
         ``symbolic`` sizes are size parameters, so the kernel compiled from it serves every value of them."""
-        return _generic(self.op.name, self.mode, tuple(sorted(self.op.static_sizes(self.mode, self.sizes).items())))
+        return self.generic_schedule("cpp")
 
-    def symbolic_sizes(self) -> Sizes:
-        """The values of the sizes that the host kernel takes as parameters."""
-        return {k: v for k, v in self.sizes.items() if k in self.op.symbolic}
+    def generic_schedule(self, target: str, device: DeviceSpec | None = None) -> Schedule:
+        """The default schedule for ``target`` (and ``device``, on a GPU) of the operator's generic program for
+        ``target`` (:meth:`Operator.generic_program`): the kernel compiled from it serves every value of the sizes
+        it takes as parameters (``symbolic`` on the host, ``gpu_symbolic`` on a GPU)."""
+        static = self.op.static_sizes(self.mode, self.sizes, target)
+        return _generic(self.op.name, self.mode, tuple(sorted(static.items())), target, device)
+
+    def symbolic_sizes(self, target: str = "cpp") -> Sizes:
+        """The values of the sizes that ``target``'s kernel takes as parameters."""
+        names = self.op.symbolic_sizes(self.mode, target)
+        return {k: v for k, v in self.sizes.items() if k in names}
 
     def __str__(self) -> str:
         sizes = " ".join(f"{k}={v}" for k, v in self.sizes.items())
@@ -74,9 +82,10 @@ def _scheduled(name: str, mode: str, sizes: tuple[tuple[str, int], ...], target:
 
 
 @functools.lru_cache(maxsize=16)
-def _generic(name: str, mode: str, static: tuple[tuple[str, int], ...]) -> Schedule:
+def _generic(name: str, mode: str, static: tuple[tuple[str, int], ...], target: str = "cpp",
+             device: DeviceSpec | None = None) -> Schedule:
     op = ops.get(name)
-    return default_schedule(name, mode, op.generic_program(mode, **dict(static)))
+    return default_schedule(name, mode, op.generic_program(mode, target, **dict(static)), target=target, device=device)
 
 
 def _plain_source(subject: Subject) -> str:
@@ -111,7 +120,7 @@ def gpu_stage(subject: Subject, stage: str, backend: str) -> str:
     (the kernel plan), for ``backend``'s default device."""
     from polyfuse.pipeline import stages
 
-    built = stages(subject.schedule(backend), backend)
+    built = stages(subject.generic_schedule(backend), backend)
     what = "the program the GPU emitter lowers" if stage == "tile" else "the kernel plan"
     return f"# {subject}: {what} ({backend}, {built.source.target.arch})\n{built.dump(stage)}"
 
@@ -141,10 +150,12 @@ def _gpu_source(backend: str) -> Callable[[Subject], str]:
     def render(subject: Subject) -> str:
         from polyfuse.pipeline import stages
 
-        source = stages(subject.schedule(backend), backend).source
+        source = stages(subject.generic_schedule(backend), backend).source
         launches = "\n".join(f"//   {x.kernel}: {x.blocks} blocks x {x.threads} threads, {x.shared} bytes shared"
                               for x in source.launches)
-        return f"// {subject}: generated {backend.upper()} ({source.target.arch})\n{launches}\n{source.text}"
+        symbolic = ", ".join(subject.op.symbolic_sizes(subject.mode, backend)) or "none"
+        return (f"// {subject}: generated {backend.upper()} ({source.target.arch}, size parameters: {symbolic})\n"
+                f"{launches}\n{source.text}")
     return render
 
 
@@ -158,8 +169,10 @@ def _run_gpu(backend: str) -> Callable[[Subject, Arrays], Arrays]:
         # Scheduled for the device it runs on (its SMs and shared memory), which build() compiles for too.
         device = loader(backend).device_spec()
         # Contracted multiply-adds (FMA) for speed, as the benchmarks run: the operators' tolerances cover them
-        # (the error model in polyfuse.ops.softmax).
-        return build(subject.schedule(backend, device), backend, sizes=subject.sizes, fp_contract=True).run(inputs)
+        # (the error model in polyfuse.ops.softmax).  The kernel of the generic program: sizes that differ only
+        # in the ones it takes as parameters share it (and its compiled image).
+        kernel = build(subject.generic_schedule(backend, device), backend, fp_contract=True)
+        return kernel.run(inputs, **subject.symbolic_sizes(backend))
     return run
 
 

@@ -75,6 +75,9 @@ class CFamilyEmitter:
     restrict = "__restrict__"
     large_array = 16384
     """Local arrays with more elements than this live on the heap (``heap_array``)."""
+    size_limit: int | None = None
+    """The largest size parameter value index arithmetic may assume (:func:`~polyfuse.emit_cpp.widths.index_widths`;
+    the launch refuses larger ones); None: sizes can be anything, a program with size parameters indexes in 64 bits."""
 
     def __init__(self, program: TileProgram):
         self.program = program
@@ -82,7 +85,7 @@ class CFamilyEmitter:
         self.depth = 0
         self.counter = 0
         self.params = {p.name for p in program.params}
-        self.widths = index_widths(program)
+        self.widths = index_widths(program, self.size_limit)
         self.materialized: dict[Expr, _Materialized] = {}  # per store; empty for loop extents before the first
         self.block = ""  # the block of the statement being printed (named by gather faults)
         self.gather_sites: list[GatherSite] = []

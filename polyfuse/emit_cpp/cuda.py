@@ -43,6 +43,7 @@ from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
 from polyfuse.emit_cpp.target import GATHER_FAULT, KernelSource, Launch, Target, arg_of
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, VectorLanes, chunks
+from polyfuse.emit_cpp.widths import INT32_MAX
 from polyfuse.errors import InternalError, UnsupportedPattern
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
@@ -62,6 +63,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
                       "ceil": "ceil", "exp2": "exp2", "log2": "log2", "abs": "fabs", "pow": "pow"}
     fast_exp_function: str | None = "pf::exp_fast"
     """The approximate f32 exp of the options' ``fast_exp``; None: always the accurate one."""
+    size_limit = INT32_MAX
+    """Size parameters are at most 2^31 - 1 (the runtime checks it at launch): a generic kernel, whose grid is the
+    rows or the batch, then keeps the 32-bit index arithmetic of the kernel of fixed sizes wherever that fits."""
 
     def __init__(self, gpu: GpuProgram, target: Target, plan: ProgramPlan):
         super().__init__(gpu.program)
@@ -597,4 +601,4 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         args = self.arguments()
         signature = tuple(arg_of(t) for t in args)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
-                            self.target, launches, tuple(self.gather_sites))
+                            self.target, launches, tuple(self.gather_sites), self.widths.size_limit)

@@ -102,7 +102,9 @@ class KernelSource:
     ``args`` end with the temporaries that live in global memory (role ``temp``), which the
     runtime allocates.  ``gathers`` are the gathered accesses, checked when the kernel runs: it records
     the first index out of bounds in a fault record (:data:`GATHER_FAULT`) that the runtime reads after
-    the call and turns into :class:`~polyfuse.errors.GatherOutOfBounds`.
+    the call and turns into :class:`~polyfuse.errors.GatherOutOfBounds`.  ``size_limit`` is the largest size
+    parameter value the kernel's 32-bit index arithmetic assumed (:mod:`polyfuse.emit_cpp.widths`): the runtime
+    refuses larger ones; None if it assumed none.
     """
 
     text: str
@@ -112,6 +114,7 @@ class KernelSource:
     target: Target
     launches: tuple[Launch, ...] = ()
     gathers: tuple[GatherSite, ...] = ()
+    size_limit: int | None = None
 
     @property
     def signature(self) -> str:

@@ -6,10 +6,13 @@ A loop counter, a tile-axis counter or an index expression such as ``4096*j_0 + 
 module once per tile program and print what it decided:
 
 * ``loop``: the type of program loop counters, grid indices and every integer index expression
-  (slice starts, indices, masks, loop extents).  32-bit only if the program has no size
-  parameter (a symbolic size can be anything) and interval arithmetic over the constant loop
-  extents and tile sizes bounds every such expression, every intermediate value included,
-  within ``[-2^31, 2^31 - 1]``.
+  (slice starts, indices, masks, loop extents).  32-bit only if interval arithmetic over the
+  constant loop extents and tile sizes bounds every such expression, every intermediate value
+  included, within ``[-2^31, 2^31 - 1]``.  A size parameter can be anything, so a program with one
+  is 64-bit, unless the emitter gives a ``size_limit``: then each size parameter ranges over
+  ``[0, size_limit]``, and the kernel's launch refuses larger values (``IndexWidths.size_limit``,
+  checked by the runtime).  The GPU emitters do (a generic kernel whose grid is the rows then indexes
+  as the kernel of fixed sizes does); the host emitter does not.
 * ``tile``: the type of counters over the elements of one tile (tile axes, element loops,
   offsets in a tile's local array): 32-bit unless a tile has ``2^31`` elements or more.
 
@@ -46,27 +49,30 @@ class IndexWidths:
     """The C types of a tile program's index quantities (see the module docstring) and why.
 
     ``reason`` names what needs 64 bits (a size parameter, an extent, an expression of a block),
-    or says that every index is proven to fit in 32 bits.
+    or says that every index is proven to fit in 32 bits.  ``size_limit`` is the largest value of a size
+    parameter that the 32-bit proof assumed (the launch must refuse larger ones); None if it assumed none.
     """
 
     loop: str
     tile: str
     reason: str
+    size_limit: int | None = None
 
     def index_dtype(self, d: dt.DType) -> dt.DType:
         """The dtype index arithmetic of IR dtype ``d`` is computed in: i64 where the loop width is 64-bit."""
         return dt.i64 if self.loop == WIDE else d
 
 
-def index_widths(program: TileProgram) -> IndexWidths:
-    """The index widths of ``program``: 32-bit where constant extents prove every value fits."""
+def index_widths(program: TileProgram, size_limit: int | None = None) -> IndexWidths:
+    """The index widths of ``program``: 32-bit where constant extents, and size parameters of at most
+    ``size_limit`` (where given), prove every value fits."""
     stores = [s for s in walk_tile_stmts(program.body) if isinstance(s, TileStore)]
     tile_elements = max((math.prod(axis_sizes(s).values()) for s in stores), default=1)
     tile = WIDE if tile_elements > INT32_MAX else NARROW
-    if program.params:
-        names = ", ".join(p.name for p in program.params)
+    names = ", ".join(p.name for p in program.params)
+    if program.params and size_limit is None:
         return IndexWidths(WIDE, tile, f"size parameter(s) {names}: a symbolic size can be anything")
-    ranges: dict[str, Interval] = {}
+    ranges: dict[str, Interval] = {p.name: (0, size_limit) for p in program.params if size_limit is not None}
     found = _loop_ranges(program.body, ranges)
     if found is None:
         for s in stores:
@@ -74,7 +80,11 @@ def index_widths(program: TileProgram) -> IndexWidths:
             if found is not None:
                 break
     if found is not None:
-        return IndexWidths(WIDE, tile, found)
+        return IndexWidths(WIDE, tile, found if not program.params else f"{found} (size parameter(s) {names} "
+                                                                           f"up to {size_limit})")
+    if program.params:
+        return IndexWidths(NARROW, tile, f"every loop extent, tile size and index expression is below 2^31 with "
+                                         f"size parameter(s) {names} up to {size_limit}", size_limit)
     return IndexWidths(NARROW, tile, "every loop extent, tile size and index expression is below 2^31")
 
 

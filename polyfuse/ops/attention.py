@@ -336,6 +336,13 @@ def _tests(Hq: int = 2, Hkv: int = 2, **extra: int) -> dict[str, Sizes]:
     return {"prefill": _mha(1, Hq, Hkv, 40, 40, 16, **extra), "decode": _mha(2, Hq, Hkv, 1, 40, 16, **extra)}
 
 
+GPU_SYMBOLIC_NOTE = (
+    "prefill: B, the batch, only multiplies the grid (one thread block per batch entry, head and query tile); the "
+    "heads stay numbers (Hq/Hkv picks a query head's kv head, and ALiBi's slopes divide by Hq), and so do the "
+    "sequence lengths (tiled, and the causal mask's offset) and the head dims (the tensor-core products); decode: "
+    "none, the split rule (gpu_decode_tiling) divides the blocks it aims at by the batch and the heads")
+"""Why attention's GPU kernels take the batch as a size parameter in prefill and no size in decode."""
+
 _LLAMA65B_DECODE_B32 = {"decode_b32": _mha(32, 64, 64, 1, 4096, 128)}
 """RedFuser's batched decode shape (Table 2a, H9): batch 32 × 64 heads × d 128, Skv 4096."""
 
@@ -355,6 +362,8 @@ def _attention(name: str, description: str, variant: Variant, defaults: dict[str
         modes=modes,
         magnitudes=(1.0, LARGE_MAGNITUDE),
         operands=operands(variant),
+        gpu_symbolic={"prefill": ("B",)} if "prefill" in modes else {},
+        gpu_symbolic_note=GPU_SYMBOLIC_NOTE,
     ))
 
 

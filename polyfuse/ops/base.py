@@ -33,6 +33,11 @@ def ieee_reference(reference: Callable[..., Arrays]) -> Callable[..., Arrays]:
     return quiet
 
 
+ROWS_ON_THE_GRID = ("N is the rows, the grid of every GPU kernel (one thread block per row); M, the row length, "
+                    "decides whether a row stays on chip and the tile of the rolling loop, so it stays a number")
+"""Why a row operator's GPU kernels take only the rows as a size parameter (``Operator.gpu_symbolic``)."""
+
+
 def extents(p: ProgramBuilder, sizes: Mapping[str, Extent], *names: str) -> tuple[Extent, ...]:
     """The sizes ``names`` for a builder: ints as given, a symbolic one declared on ``p`` as its size parameter."""
     return tuple(p.size(name) if isinstance(sizes[name], Var) else sizes[name] for name in names)
@@ -52,6 +57,12 @@ class Operator:
     - ``symbolic``: the outer sizes (rows, batch, heads, sequence lengths) that the host kernel takes as size
       parameters, so that one compiled kernel serves every value (:meth:`generic_program`); the other sizes
       stay Python ints, because a schedule tiles them or a formula of the program needs their value.
+    - ``gpu_symbolic[mode]``: the sizes that the GPU kernels (cuda, hip) take as parameters, a subset of the
+      sizes of ``mode``: those that only the grid depends on (one thread block per row, per batch entry), so
+      that no decision of the GPU schedule or plan reads them — not the row length that decides rows on chip
+      and the tile, not a dimension split into tiles, not a count the split rules divide the device by.  A
+      GPU kernel of the generic program then equals the one of fixed sizes but for the size parameters (a
+      test compares them at every bench preset).  ``gpu_symbolic_note`` says why these and not the others.
     """
 
     name: str
@@ -67,6 +78,22 @@ class Operator:
     magnitudes: tuple[float, ...] = (1.0,)
     operands: tuple[Operand, ...] = ()
     symbolic: tuple[str, ...] = ()
+    gpu_symbolic: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    gpu_symbolic_note: str = ""
+
+    def __post_init__(self) -> None:
+        for mode, names in self.gpu_symbolic.items():
+            unknown = [n for n in names if mode not in self.defaults or n not in self.defaults[mode]]
+            if unknown:
+                raise PolyfuseError(f"operator {self.name!r}: gpu_symbolic names {', '.join(unknown)}, not sizes of "
+                                    f"mode {mode!r}")
+
+    def symbolic_sizes(self, mode: str | None = None, target: str = "cpp") -> tuple[str, ...]:
+        """The sizes that ``target``'s kernel of ``mode`` takes as size parameters: ``symbolic`` on the host,
+        ``gpu_symbolic[mode]`` on a GPU (cuda, hip)."""
+        if target in ("cuda", "hip"):
+            return tuple(self.gpu_symbolic.get(self.mode_or_default(mode), ()))
+        return self.symbolic
 
     def mode_or_default(self, mode: str | None) -> str:
         if mode is None:
@@ -91,16 +118,18 @@ class Operator:
         m = self.mode_or_default(mode)
         return self.build(m, self.sizes(m, sizes))
 
-    def generic_program(self, mode: str | None = None, **sizes: int) -> Program:
-        """The program with the ``symbolic`` sizes as size parameters and the others at ``sizes`` (defaults):
-        the host kernel compiled from it runs at every value of the symbolic sizes."""
+    def generic_program(self, mode: str | None = None, target: str = "cpp", **sizes: int) -> Program:
+        """The program with ``target``'s symbolic sizes (:meth:`symbolic_sizes`) as size parameters and the others at
+        ``sizes`` (defaults): the kernel compiled from it runs at every value of the symbolic sizes."""
         m = self.mode_or_default(mode)
-        static = self.sizes(m, sizes)
-        return self.build(m, {k: Var(k) if k in self.symbolic else v for k, v in static.items()})
+        symbolic = self.symbolic_sizes(m, target)
+        return self.build(m, {k: Var(k) if k in symbolic else v for k, v in self.sizes(m, sizes).items()})
 
-    def static_sizes(self, mode: str | None = None, overrides: Mapping[str, int] | None = None) -> Sizes:
-        """The sizes that :meth:`generic_program` builds in: all but the ``symbolic`` ones."""
-        return {k: v for k, v in self.sizes(mode, overrides).items() if k not in self.symbolic}
+    def static_sizes(self, mode: str | None = None, overrides: Mapping[str, int] | None = None,
+                     target: str = "cpp") -> Sizes:
+        """The sizes that :meth:`generic_program` builds in for ``target``: all but its symbolic ones."""
+        symbolic = self.symbolic_sizes(mode, target)
+        return {k: v for k, v in self.sizes(mode, overrides).items() if k not in symbolic}
 
     def inputs(self, seed: int = 0, mode: str | None = None, sizes: Mapping[str, int] | None = None,
                magnitude: float = 1.0, variant: str = "random") -> Arrays:

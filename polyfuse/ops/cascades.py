@@ -105,6 +105,8 @@ register(Operator(
     defaults={"default": {"S": 8, "HD": 24, "E": 12, "K": 2}},
     presets={"default": {"S": 4096, "HD": 4096, "E": 64, "K": 8}},
     magnitudes=(1.0, 1e4), symbolic=("S",),
+    gpu_symbolic_note="none: the GPU plan splits the tokens S into tiles of rows (fewer where S is short), so the "
+                      "tile and its masks depend on S, and HD is split into steps",
     operands=(Operand("x", axis=1, huge=2.0 ** 10), Operand("w", axis=1, shared=(0,), huge=2.0 ** 10)),
 ))
 
@@ -182,6 +184,8 @@ _QUANT_SIZES = {"default": {"M": 8, "K": 40, "N": 12}}
 _QUANT_SYMBOLIC = ("M", "N")
 """Rows and output columns are symbolic; K, the reduced dimension, stays a number: the tolerance and the
 GPU GEMM's k tiles are built from it."""
+_QUANT_GPU_NOTE = ("none: the GPU plan tiles the output over M and N (tiles shrunk where a dimension is short) and "
+                   "the product over K")
 _QUANT_PRESETS = {"default": {"M": 4096, "K": 4096, "N": 4096}}
 _QUANT_MAGNITUDES = (1.0, 1e30, 1e-30)
 _QUANT_OPERANDS = (Operand("A", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
@@ -195,7 +199,7 @@ register(Operator(
     tolerance_note=_QUANT_NOTE + "Each term carries 3 roundings (448·A, /m, ·W): atol = (K + 2)·U32·448·"
                                  "sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
-    symbolic=_QUANT_SYMBOLIC,
+    symbolic=_QUANT_SYMBOLIC, gpu_symbolic_note=_QUANT_GPU_NOTE,
 ))
 
 register(Operator(
@@ -207,7 +211,7 @@ register(Operator(
                                  "the quantised operands agree exactly; each term then carries one rounding (·W): "
                                  "atol = K·U32·448·sqrt(K), rtol = 0 (U32 = 2^-24)." + CONTRACTED,
     defaults=_QUANT_SIZES, presets=_QUANT_PRESETS, magnitudes=_QUANT_MAGNITUDES, operands=_QUANT_OPERANDS,
-    symbolic=_QUANT_SYMBOLIC,
+    symbolic=_QUANT_SYMBOLIC, gpu_symbolic_note=_QUANT_GPU_NOTE,
 ))
 
 
@@ -346,6 +350,8 @@ register(Operator(
     defaults={"default": {"B": 1, "H": 2, "L": 20, "D": 8, "F": 12}},
     presets={"default": {"B": 1, "H": 8, "L": 4096, "D": 64, "F": 256}},
     magnitudes=PERFORMER_MAGNITUDES, symbolic=("B", "H", "L"),
+    gpu_symbolic_note="none: the key-side split rule divides the blocks it aims at by B·H (gpu_performer_tiling), "
+                      "and L is split into steps and splits",
     operands=(*(Operand(n, axis=2, shared=(3,), tiny=2.0 ** -100) for n in ("q", "k", "v")),
               Operand("proj", axis=0, shared=(1,), tiny=2.0 ** -100)),
 ))

@@ -19,7 +19,7 @@ from polyfuse.ir import ProgramBuilder, maximum, reduce, sqrt
 from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Operator, Sizes, extents, ieee_reference
+from polyfuse.ops.base import ROWS_ON_THE_GRID, Arrays, Operator, Sizes, extents, ieee_reference
 from polyfuse.ops.variants import Operand
 from polyfuse.ops.softmax import CONTRACTED, TINY32, U32
 
@@ -81,6 +81,7 @@ register(Operator(
                    "m·sqrt(s) adds U32: rtol = ((M + 2)/2 + 2)·U32. All values are positive, so no cancellation; "
                    "atol = smallest normal f32." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e25, 1e-30), symbolic=("N", "M"),
+    gpu_symbolic={"default": ("N",)}, gpu_symbolic_note=ROWS_ON_THE_GRID,
     operands=(Operand("x", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),),
 ))
 
@@ -140,6 +141,7 @@ register(Operator(
                    "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48."
                    + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15), symbolic=RMSNORM_SYMBOLIC,
+    gpu_symbolic={"default": ("N",)}, gpu_symbolic_note=ROWS_ON_THE_GRID,
     operands=(Operand("x", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100),),
 ))
 
@@ -196,6 +198,7 @@ register(Operator(
                    "(the special variant's huge x1 entries are 2^48); x2 gets no huge entries, since |x2| <= 1 "
                    "is part of the bound." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 0.25, 1e15), symbolic=("N", "M"),
+    gpu_symbolic={"default": ("N",)}, gpu_symbolic_note=ROWS_ON_THE_GRID,
     operands=(Operand("x1", axis=1, huge=2.0 ** 48, tiny=2.0 ** -100), Operand("x2", axis=1, tiny=2.0 ** -100)),
 ))
 
@@ -252,6 +255,9 @@ register(Operator(
                    "(tolerance does not see the magnitude, so it covers the largest; the special variant's huge "
                    "entries, 2^13, are within it)." + CONTRACTED,
     defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}}, symbolic=("B", "L"),
+    gpu_symbolic={"default": ("B",)},
+    gpu_symbolic_note="B is the rows, the grid of the GPU kernel; L, the row length, decides rows on chip and the "
+                      "tile of the rolling loop",
     magnitudes=VARIANCE_OFFSETS,
     operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))
@@ -322,6 +328,9 @@ register(Operator(
                    "bounds: masses only become 0, tiny, +inf or NaN, and the special variant's huge positions "
                    "are 2^9." + CONTRACTED,
     defaults={"default": {"B": 6, "N": 40}}, presets={"default": {"B": 1024, "N": 8192}}, symbolic=("B", "N"),
+    gpu_symbolic={"default": ("B",)},
+    gpu_symbolic_note="B is the bodies, the grid of both GPU kernels (with the splits); N, the points, is split "
+                      "into tiles of points, the partial nests of the split-k plan",
     magnitudes=INERTIA_OFFSETS,
     operands=(Operand("w", axis=1, tiny=2.0 ** -100),
               Operand("x", axis=1, shared=(2,), huge=2.0 ** 9, tiny=2.0 ** -100)),
@@ -390,5 +399,6 @@ register(Operator(
                    "most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: U32·|x|/M against x²/M), "
                    "so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the offset." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS, symbolic=("N", "M"),
+    gpu_symbolic={"default": ("N",)}, gpu_symbolic_note=ROWS_ON_THE_GRID,
     operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
 ))

@@ -25,7 +25,7 @@ import numpy as np
 from polyfuse.ir import ProgramBuilder, exp, log, maximum, reduce
 from polyfuse.ir.stmt import Program, Tensor
 from polyfuse.ops import register
-from polyfuse.ops.base import Arrays, Extent, Operator, Sizes, extents, ieee_reference
+from polyfuse.ops.base import ROWS_ON_THE_GRID, Arrays, Extent, Operator, Sizes, extents, ieee_reference
 from polyfuse.ops.variants import Operand
 
 U32 = 2.0 ** -24
@@ -163,6 +163,7 @@ _LOGITS = (Operand("inp", axis=1, huge=2.0 ** 100, tiny=2.0 ** -100),)
 _SIZES = {"default": {"N": 8, "M": 40}}
 _PRESETS = {"default": {"N": 4096, "M": 4096}}
 _SYMBOLIC = ("N", "M")
+_GPU_SYMBOLIC = {"default": ("N",)}
 
 register(Operator(
     name="softmax_sum",
@@ -170,6 +171,7 @@ register(Operator(
     build=build_softmax_sum, make_inputs=make_logits, reference=ref_softmax_sum, tolerance=tol_softmax_sum,
     tolerance_note=_SUM_NOTE + "atol = smallest normal f32." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
+    gpu_symbolic=_GPU_SYMBOLIC, gpu_symbolic_note=ROWS_ON_THE_GRID,
 ))
 
 register(Operator(
@@ -180,6 +182,7 @@ register(Operator(
                "(|x - m| <= 88 while y is a normal f32; below that atol = smallest normal f32 covers it) "
                "and U32 for the division." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
+    gpu_symbolic=_GPU_SYMBOLIC, gpu_symbolic_note=ROWS_ON_THE_GRID,
 ))
 
 register(Operator(
@@ -189,4 +192,5 @@ register(Operator(
     tolerance_note=_SUM_NOTE + "log s is then off by rel(s) + 8·U32·log(M) absolutely (1 <= s <= M), "
                "which is atol; rtol = U32 for the final addition m + log s." + CONTRACTED,
     defaults=_SIZES, presets=_PRESETS, magnitudes=MAGNITUDES, operands=_LOGITS, symbolic=_SYMBOLIC,
+    gpu_symbolic=_GPU_SYMBOLIC, gpu_symbolic_note=ROWS_ON_THE_GRID,
 ))

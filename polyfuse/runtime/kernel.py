@@ -91,6 +91,11 @@ class KernelBase:
         if missing:
             raise LaunchError(f"kernel {self.name}: no value for size parameter(s) {', '.join(missing)}; "
                               f"pass them as keywords")
+        limit = self.kernel_source.size_limit
+        too_large = [f"{s}={values[s]}" for s in self.kernel_source.sizes if limit is not None and values[s] > limit]
+        if too_large:
+            raise LaunchError(f"kernel {self.name}: size parameter(s) {', '.join(too_large)} exceed {limit}, the "
+                              f"largest its 32-bit index arithmetic was compiled for")
         return {s: values[s] for s in self.kernel_source.sizes}
 
 

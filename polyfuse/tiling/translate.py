@@ -43,7 +43,7 @@ def to_tiles(program: Program) -> TileProgram:
     """Translate every tileable nest of ``program`` into tile statements (see module docstring); the
     reductions a loop of zero trips would skip get their init first (:mod:`polyfuse.ir.empty`)."""
     program = init_empty_reductions(program)
-    return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}))
+    return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}, {}))
 
 
 def _static(e: Expr) -> int | None:
@@ -70,24 +70,28 @@ def _chain(s: Stmt) -> tuple[list[Loop], Block] | None:
             return None
 
 
-def _stmt(s: Stmt, ranges: dict[str, int]) -> Stmt:
+def _stmt(s: Stmt, ranges: dict[str, int], symbolic: dict[str, Expr]) -> Stmt:
+    """``s`` as tiles, under outer loops of constant extents ``ranges`` and of size-parameter extents ``symbolic``."""
     split = _fission(s)
     if split is not None:
-        return _stmt(split, ranges)
+        return _stmt(split, ranges, symbolic)
     found = _chain(s)
     if found is not None:
         loops, block = found
-        return _Nest(block, [(lp.var.name, int(_static(lp.extent) or 0)) for lp in loops], ranges).translate()
+        axes = [(lp.var.name, int(_static(lp.extent) or 0)) for lp in loops]
+        return _Nest(block, axes, ranges, symbolic).translate()
     if isinstance(s, Seq):
-        return s.replace(stmts=tuple(_stmt(c, ranges) for c in s.stmts))
+        return s.replace(stmts=tuple(_stmt(c, ranges, symbolic) for c in s.stmts))
     if isinstance(s, Loop):
-        inner = dict(ranges)
+        inner, inner_symbolic = dict(ranges), dict(symbolic)
         ext = _static(s.extent)
+        inner.pop(s.var.name, None)
+        inner_symbolic.pop(s.var.name, None)
         if ext is not None:
             inner[s.var.name] = ext
-        else:
-            inner.pop(s.var.name, None)
-        return s.replace(body=_stmt(s.body, inner))
+        elif isinstance(s.extent, Var):
+            inner_symbolic[s.var.name] = s.extent
+        return s.replace(body=_stmt(s.body, inner, inner_symbolic))
     raise UntileableNest(f"cannot translate statement {type(s).__name__}")
 
 
@@ -148,10 +152,13 @@ class _Cond:
 
 
 class _Nest:
-    """One tileable nest: a block under tile loops ``axes`` (name, extent), outer loops in ``ranges``."""
+    """One tileable nest: a block under tile loops ``axes`` (name, extent), outer loops in ``ranges`` (constant
+    extents) and ``symbolic`` (a size parameter's extent: a grid loop over the rows of a generic program)."""
 
-    def __init__(self, block: Block, axes: list[tuple[str, int]], ranges: dict[str, int]):
+    def __init__(self, block: Block, axes: list[tuple[str, int]], ranges: dict[str, int],
+                 symbolic: dict[str, Expr] | None = None):
         self.block = block
+        self.symbolic = symbolic or {}
         self.order = tuple(name for name, _ in axes)
         self.sizes = dict(axes)
         self.ranges = {**ranges, **self.sizes}
@@ -177,11 +184,19 @@ class _Nest:
     def tile_axes(self, e: Expr) -> frozenset[str]:
         return frozenset(free_vars(e) & set(self.order))
 
+    def spans(self, e: Expr, extent: Expr) -> bool:
+        """Whether ``e`` is a loop variable that runs over exactly ``[0, extent)`` for a size parameter ``extent``
+        (the iteration and the tensor dimension of a symbolic size, walked by a loop of that extent)."""
+        return (isinstance(e, Var) and isinstance(extent, Var) and e.name in self.symbolic
+                and self.symbolic[e.name].name == extent.name)
+
     def _conditions(self) -> list[_Cond]:
         raw: list[Expr] = []
         for iv in self.block.iters:
             b = self.fold(self.binding[iv.var.name])
             ext = iv.extent
+            if self.spans(b, ext):
+                continue
             rng = bounds(b, self.ranges)
             n = _static(ext)
             if rng is None or rng[0] < 0:
@@ -215,6 +230,8 @@ class _Nest:
         leaves = False
         for idx, extent in zip(ld.indices, ld.tensor.shape, strict=True):
             e = self.sub(idx)
+            if self.spans(e, extent):
+                continue
             rng, n = bounds(e, self.ranges), _static(extent)
             if rng is None or n is None or rng[0] < 0 or rng[1] >= n:
                 leaves = True
