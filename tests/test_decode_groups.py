@@ -121,9 +121,11 @@ def test_grouped_plan_structure_gqa():
     # pv's partials keep the split before dv: [b, heads, i, split, dv] per head group.
     assert sch.program.tensor("pv_rf").shape[-2:] == (sch.program.tensor("row_max_rf").shape[-1],
                                                      sch.program.tensor("pv").shape[-1])
-    source = emit(to_tiles(sch.program), CUDA)
+    source = emit(to_tiles(sch.program), TWO_LAUNCHES)
     partial, combine = source.launches
     assert _blocks(partial) == sizes["B"] * 4 * 3 and _blocks(combine) == sizes["B"] * 4
+    (folded,) = emit(to_tiles(sch.program), CUDA).launches  # the last block of each row combines
+    assert _blocks(folded) == _blocks(partial)
 
 
 def test_combine_spread_over_column_blocks():
@@ -134,14 +136,17 @@ def test_combine_spread_over_column_blocks():
     assert 'sch.split(loop=sch.loop("out", "ax1"), factors=[None, 8])' in trace
     assert "sch.compute_at(block='pv', loop=sch.loop(\"out\", \"ax1_0\"))" in trace
     assert "sch.recompute_at(block='row_max', loop=sch.loop(\"out\", \"ax1_0\"))" in trace
-    partial, combine = emit(to_tiles(sch.program), CUDA).launches
+    partial, combine = emit(to_tiles(sch.program), TWO_LAUNCHES).launches
     assert _blocks(partial) == sizes["B"] * 4 * 3 and _blocks(combine) == sizes["B"] * 4 * 2
+    # Folded, the last block of a row runs the two column blocks one after the other.
+    text = emit(to_tiles(sch.program), CUDA).text
+    assert "for (int ax1_0 = 0; ax1_0 < (2); ++ax1_0)" in text
 
 
 def test_combine_columns_that_do_not_divide_dv_keep_one_block_per_group():
     _, sizes, sch = _scheduled("attn_gqa", DecodeTiling(2, 16, 32, 6), Hq=8, Hkv=2, Skv=80)
     assert "recompute_at" not in sch.trace.python()
-    _, combine = emit(to_tiles(sch.program), CUDA).launches
+    _, combine = emit(to_tiles(sch.program), TWO_LAUNCHES).launches
     assert _blocks(combine) == sizes["B"] * 4
 
 
@@ -154,7 +159,7 @@ def test_combine_columns_that_do_not_divide_dv_keep_one_block_per_group():
 def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps, products, dv):
     op = ops.get(name)
     sch = default_schedule(name, "decode", op.program("decode", **op.presets["decode"]), target="cuda")
-    source = emit(to_tiles(sch.program), CUDA)
+    source = emit(to_tiles(sch.program), TWO_LAUNCHES)
     partial, combine = source.launches
     assert _blocks(partial) == groups * splits
     # The combine's grid: head groups × blocks of combine_columns output columns.
@@ -164,6 +169,10 @@ def test_grouped_plan_structure_at_the_bench_preset(name, groups, splits, steps,
     scores, values = products
     assert re.search(rf"tensor cores: {scores} .*b as \[n\]\[k\]", source.text)  # heads × keys × d
     assert re.search(rf"tensor cores: {values} .*b as \[k\]\[n\]", source.text)  # heads × dv × keys
+
+
+TWO_LAUNCHES = CUDA.with_options(fold_combine=False)
+"""The partial and combine kernels launched one after the other (the fallback of the folded combine)."""
 
 
 def _blocks(launch) -> int:
@@ -213,14 +222,16 @@ def test_grouped_plan_matches_numpy_on_the_host(name, tiling, sizes):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fold", [True, False], ids=["folded", "two-launches"])
 @pytest.mark.parametrize(("name", "tiling", "sizes"), CASES, ids=IDS)
-def test_grouped_plan_matches_numpy_on_the_gpu(name, tiling, sizes):
+def test_grouped_plan_matches_numpy_on_the_gpu(name, tiling, sizes, fold):
+    from polyfuse.emit_cpp.options import CodegenOptions
     from polyfuse.errors import BackendUnavailable
     from polyfuse.pipeline import build
 
     op, sizes, sch = _scheduled(name, tiling, **sizes)
     try:
-        kernel = build(sch, "cuda", sizes=sizes, werror=True)
+        kernel = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=fold))
     except BackendUnavailable as err:
         pytest.skip(str(err))
     _check(op, sizes, kernel.run)

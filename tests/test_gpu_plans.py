@@ -217,9 +217,13 @@ def test_performer_bench_launches_split_the_key_side():
     assert splits == 16
     assert source.launches[0].kernel == "polyfuse_performer_split_proj"  # the projection, split once
     blocks = [simplify(launch.blocks) for launch in source.launches[1:]]
-    # the split partials, their combines (one block per head), the query tiles
-    assert [int(b.value) for b in blocks if isinstance(b, Const)] == [heads * splits, heads, heads * sizes["L"] // 64]
+    # the split partials with their combine folded in (the last block of each head combines), the query tiles
+    assert [int(b.value) for b in blocks if isinstance(b, Const)] == [heads * splits, heads * sizes["L"] // 64]
     assert all(0 < launch.shared <= 227 * 1024 for launch in source.launches[1:])
+    two = emit(tiles("performer", **sizes), CUDA.with_options(fold_combine=False))
+    blocks = [simplify(launch.blocks) for launch in two.launches[1:]]
+    # as two launches: the split partials, their combines (one block per head), the query tiles
+    assert [int(b.value) for b in blocks if isinstance(b, Const)] == [heads * splits, heads, heads * sizes["L"] // 64]
 
 
 def test_performer_split_plan_rolls_each_split_over_its_steps():

@@ -65,6 +65,8 @@ class CodegenOptions:
     reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
     (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
     default GPU schedules then do not roll such rows over chunks.
+    ``fold_combine``: a split-k combine runs in its partial kernel's launch, by the last block of each row
+    (:mod:`~polyfuse.emit_cpp.fold`), where that is legal; off: its own launch after the partial kernel.
     """
 
     fast_exp: bool = True
@@ -97,6 +99,7 @@ class CodegenOptions:
     producer_warp: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64
+    fold_combine: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

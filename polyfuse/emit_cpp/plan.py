@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
+from polyfuse.emit_cpp import fold as fold_
 from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.fragments import BARRIER_BYTES
 from polyfuse.emit_cpp.cfamily import (
@@ -133,6 +134,12 @@ class KernelPlan:
     stmts: Mapping[int, StmtPlan] = field(default_factory=dict)
     rows: onchip.RowsOnChip | str = ""
     """The kernel's rows kept on chip (:mod:`~polyfuse.emit_cpp.onchip`), else why they stay in memory."""
+    fold: fold_.CombineFold | None = None
+    """A split-k combine this kernel runs after its body, in its last block of each row (:mod:`~polyfuse.emit_cpp.
+    fold`); ``folded`` is that combine's plan (for this kernel's threads, its shared memory from byte 0)."""
+    folded: KernelPlan | None = None
+    unfolded: str = ""
+    """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
 
     def describe(self) -> str:
         return "\n".join(_describe_kernel(self))
@@ -197,11 +204,47 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                      registers_per_sm=device.registers_per_sm)
 
     split = presplit.plan(gpu.nests, frame_of)
-    kernels = tuple(_plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest), presplit=split), device)
-                    for k, nest in enumerate(gpu.nests))
+    kernels: list[KernelPlan] = []
+    for k, nest in enumerate(gpu.nests):
+        frame = dataclasses.replace(frame_of(nest), presplit=split)
+        if not nest.combines:
+            kernels.append(_plan_kernel(nest, f"{entry}_k{k}", frame, device))
+            continue
+        partial = kernels[-1]
+        folded = _fold(partial, nest, f"{entry}_k{k}", dict(tensors), shared_names, frame, device)
+        if isinstance(folded, KernelPlan):
+            kernels[-1] = folded
+        else:
+            kernels.append(dataclasses.replace(_plan_kernel(nest, f"{entry}_k{k}", frame, device), unfolded=folded))
     outputs = gpu.program.outputs
     fast_exp = options.fast_exp and bool(outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in outputs)
-    return ProgramPlan(device, options, split, kernels, fast_exp)
+    return ProgramPlan(device, options, split, tuple(kernels), fast_exp)
+
+
+def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, Tensor], shared: frozenset[str],
+          frame: Frame, device: DeviceSpec) -> KernelPlan | str:
+    """``partial`` running the split-k ``combine`` after its body (:mod:`~polyfuse.emit_cpp.fold`), or why not."""
+    if not frame.options.fold_combine:
+        return "CodegenOptions.fold_combine is off"
+    if partial.fold is not None:
+        return f"kernel {partial.name} already runs a folded combine"
+    fold = fold_.plan_fold(partial.nest, combine, partial.name, tensors, shared)
+    if isinstance(fold, str):
+        return fold
+    refused = fold_.refuse_for_plan(partial)
+    if refused:
+        return refused
+    try:
+        plan = _plan_kernel(combine, name, dataclasses.replace(frame, threads=partial.threads), device)
+    except UnsupportedPattern as err:
+        return f"the combine does not fit a block of the partial kernel's {partial.threads} threads: {err}"
+    peak = max(partial.peak, plan.peak)
+    resident_blocks = min(partial.blocks_per_sm or device.blocks_per_sm(peak), device.blocks_per_sm(peak))
+    asked = partial.min_blocks
+    if asked is not None and resident_blocks < asked:
+        asked = resident_blocks if resident_blocks > 1 else None
+    return dataclasses.replace(partial, peak=peak, blocks_per_sm=resident_blocks, min_blocks=asked, fold=fold,
+                               folded=plan)
 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
@@ -635,11 +678,16 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
         lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
+    if k.unfolded:
+        lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
     if isinstance(k.rows, onchip.RowsOnChip):
         lines += [f"  {t}" for t in k.rows.describe()]
-        return lines
-    lines.append(f"  rows in memory: {k.rows}")
-    _describe_stmt(k, nest.body, lines, "  ")
+    else:
+        lines.append(f"  rows in memory: {k.rows}")
+        _describe_stmt(k, nest.body, lines, "  ")
+    if k.fold is not None and k.folded is not None:
+        lines.append(f"  {k.fold.describe()}")
+        lines += [f"    {t}" for t in _describe_kernel(k.folded)[1:]]
     return lines
 
 

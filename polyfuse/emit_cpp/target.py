@@ -104,7 +104,9 @@ class KernelSource:
     the first index out of bounds in a fault record (:data:`GATHER_FAULT`) that the runtime reads after
     the call and turns into :class:`~polyfuse.errors.GatherOutOfBounds`.  ``size_limit`` is the largest size
     parameter value the kernel's 32-bit index arithmetic assumed (:mod:`polyfuse.emit_cpp.widths`): the runtime
-    refuses larger ones; None if it assumed none.
+    refuses larger ones; None if it assumed none.  ``zeroed`` names the scratch
+    arguments that must be zero at the first launch and that every launch leaves at zero (the ticket counters of a
+    folded split-k combine, :mod:`polyfuse.emit_cpp.fold`): the runtime zero-fills them when it allocates them.
     """
 
     text: str
@@ -115,6 +117,7 @@ class KernelSource:
     launches: tuple[Launch, ...] = ()
     gathers: tuple[GatherSite, ...] = ()
     size_limit: int | None = None
+    zeroed: tuple[str, ...] = ()
 
     @property
     def signature(self) -> str:

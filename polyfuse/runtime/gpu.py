@@ -162,15 +162,33 @@ class GpuKernel(KernelBase):
 
     def _scratch_for(self, sizes: Mapping[str, int], driver: Loader) -> list[int]:
         """The scratch buffers of ``sizes`` on ``driver``'s device, allocated at the first call with those sizes
-        (a CUDA graph captures only calls after that one)."""
+        (a CUDA graph captures only calls after that one); those the source names ``zeroed`` are zero-filled."""
         key = (driver.ordinal, *sorted(sizes.items()))
         if key not in self._scratch:
             buffers = []
             for spec in self.scratch:
                 nbytes = int(np.prod(_shape(spec, sizes), dtype=np.int64)) * spec.dtype.numpy.itemsize
                 buffers.append(driver.alloc(nbytes))
+                if spec.name in self.kernel_source.zeroed and nbytes:  # ticket counters: launches leave them at 0
+                    zeros = np.zeros(nbytes, np.uint8)
+                    driver.to_device(buffers[-1][0], zeros.ctypes.data, nbytes)
             self._scratch[key] = buffers
         return [p for p, _ in self._scratch[key]]
+
+
+    def read_scratch(self, name: str) -> np.ndarray:
+        """The scratch buffer ``name`` as the launches left it on the loader's device (the only set of sizes
+        called so far; for tests: a folded combine's ticket counters must be back at 0)."""
+        spec = next((a for a in self.scratch if a.name == name), None)
+        found = [(key, buffers) for key, buffers in self._scratch.items() if key[0] == self.loader.ordinal]
+        if spec is None or len(found) != 1:
+            raise LaunchError(f"kernel {self.name}: no single scratch buffer {name!r} to read (scratch "
+                              f"{[a.name for a in self.scratch]}, {len(found)} set(s) of sizes called)")
+        key, buffers = found[0]
+        host = np.empty(_shape(spec, dict(key[1:])), dtype=spec.dtype.numpy)
+        self.loader.synchronize()
+        self.loader.to_host(host.ctypes.data, buffers[self.scratch.index(spec)][0], host.nbytes)
+        return host
 
 
 def evaluate(e: Expr, sizes: Mapping[str, int]) -> int:

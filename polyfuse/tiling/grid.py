@@ -39,6 +39,9 @@ class GridNest:
     ``shared`` names the temporaries that live in the CTA's shared memory (allocated at the last
     grid loop or inside the body); ``warps`` is the block size a schedule asked for (a ``warps``
     annotation of a grid loop, :meth:`~polyfuse.transforms.schedule.Schedule.warps`), None if none did.
+    ``combines``: the nest is the split-k combine of the nest before it (it reads the partial results that nest
+    writes to promoted temporaries); whether it runs in that nest's launch is the GPU plan's decision
+    (:mod:`polyfuse.emit_cpp.fold`).
     """
 
     kind: str
@@ -46,6 +49,7 @@ class GridNest:
     body: Stmt
     shared: tuple[str, ...]
     warps: int | None = None
+    combines: bool = False
 
 
 def partition(program: TileProgram) -> tuple[TileProgram, tuple[GridNest, ...]]:
@@ -59,14 +63,15 @@ def partition(program: TileProgram) -> tuple[TileProgram, tuple[GridNest, ...]]:
         if not isinstance(s, Loop):
             nests.append(GridNest(CTA, (), s, _allocated_within(s)))
             continue
-        for piece in _distribute(s, tensors):
+        for k, piece in enumerate(_distribute(s, tensors)):
             depth = parallel_depth(piece)
             if depth == 0:
-                nests.append(GridNest(CTA, (), piece, _allocated_within(piece), _warps((piece,))))
+                nests.append(GridNest(CTA, (), piece, _allocated_within(piece), _warps((piece,)), k > 0))
                 continue
             chain = tuple(perfect_chain(piece)[:depth])
             body = chain[-1].body
-            nests.append(GridNest(CTA, chain, body, allocated_at(chain[-1]) + _allocated_within(body), _warps(chain)))
+            nests.append(GridNest(CTA, chain, body, allocated_at(chain[-1]) + _allocated_within(body), _warps(chain),
+                                  k > 0))
     new = dataclasses.replace(program, tensors=tuple(tensors[t.name] for t in program.tensors))
     return new, tuple(nests)
 
