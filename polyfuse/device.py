@@ -37,6 +37,8 @@ class DeviceSpec:
     shared_reserved: int
     registers_per_sm: int
     max_threads_per_block: int = 1024
+    threads_per_sm: int = 2048
+    """Most threads resident on one SM (2048 on sm_80/sm_90 and on CDNA's 32 wavefronts of 64)."""
     mma_sync: bool = False
     cp_async: bool = False
     tma: bool = False
@@ -49,6 +51,11 @@ class DeviceSpec:
     def blocks_per_sm(self, shared_bytes: int) -> int:
         """How many blocks of ``shared_bytes`` of shared memory fit on one SM (by shared memory alone)."""
         return self.shared_per_sm // max(1, shared_bytes + self.shared_reserved)  # (none at all: no bound)
+
+    def resident_blocks(self, shared_bytes: int, threads: int) -> int:
+        """How many blocks of ``threads`` threads and ``shared_bytes`` of shared memory reside on one SM at once
+        (by shared memory and threads; at least 1)."""
+        return max(1, min(self.blocks_per_sm(shared_bytes), self.threads_per_sm // max(1, threads)))
 
     @property
     def features(self) -> tuple[str, ...]:

@@ -3,9 +3,9 @@
 Checked here: the plan folds the combine of every split decode of the catalog (one launch, ticket counters
 zeroed at allocation) and says why where it does not (the option off, a combine reading other rows' partials
 or writing what the partial reads, no splits, a producer warpgroup); every decode kernel of the catalog, at its
-test sizes (split) and bench presets, compiles for sm_90a with ``-Werror``, folded and as two launches.
-The ``gpu`` tests run the folded kernel against the two launches and NumPy on random and edge inputs at ragged
-key counts, twice in a row, and read the counters back: all zero.
+test sizes (split) and bench presets, compiles for sm_90a with ``-Werror``, folded and as two launches; the
+split rule by wave efficiency.  The ``gpu`` tests run the folded kernel against the two launches and NumPy on
+random and edge inputs at ragged key counts, twice in a row, and read the counters back: all zero.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from polyfuse import ops
+from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CUDA, HIP, emit
 from polyfuse.emit_cpp.fold import plan_fold, refuse_for_plan
 from polyfuse.emit_cpp.plan import gpu_plan
@@ -24,7 +25,7 @@ from polyfuse.ir.expr import Const, Var
 from polyfuse.ir.stmt import Seq
 from polyfuse.ops import schedules
 from polyfuse.ops.gpu_tuning import GpuTuning
-from polyfuse.ops.schedules import DecodeTiling, default_schedule
+from polyfuse.ops.schedules import DecodeTiling, default_schedule, gpu_decode_tiling, wave_efficiency, wave_splits
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.tiling import to_tiles
 from polyfuse.tiling.gpu import lower_for_gpu
@@ -201,6 +202,30 @@ def test_the_tickets_are_zeroed_once_when_allocated(tmp_path):
     zeroed = [c for c in loader.copies if c[1] == bytes(4 * rows)]
     assert len(zeroed) == 1  # at the first call's allocation only: launches leave the counters at 0
     assert len(loader.launches) == 2  # one launch per call
+
+
+# ------------------------------------------------------------------ the split rule by waves
+
+def test_wave_splits_keep_the_count_unless_another_fills_the_waves_clearly_better():
+    assert wave_efficiency(132, 132) == 1.0 and wave_efficiency(133, 132) == pytest.approx(133 / 264)
+    # 8 units on 104 slots: 16 splits (128 blocks) fill 62% of two waves, 32 splits (256) 82% of three.
+    assert wave_splits(8, 16, [1, 2, 4, 8, 16, 32], 104, 15) == 32
+    assert wave_splits(8, 16, [1, 2, 4, 8, 16, 32], 104, 25) == 16  # not 25 points better: kept
+    assert wave_splits(8, 16, [1, 2, 4, 8, 16], 104, 15) == 16  # nothing better in reach
+    # Ties go to the count nearest the rules' one, then to the fewer splits.
+    assert wave_splits(10, 5, [1, 2, 3, 4, 5, 6], 20, 10) == 4
+
+
+def test_the_decode_rule_records_its_wave_efficiency_and_follows_the_device():
+    small = dataclasses.replace(PRESETS["sm_90a"], sms=100)
+    tiling = gpu_decode_tiling(1, 32, 32, 32768, 128, device=small)
+    assert 0 < tiling.efficiency <= 1
+    assert tiling.efficiency == pytest.approx(wave_efficiency(32 * tiling.splits(32768),
+                                                              100 * small.resident_blocks(
+                                                                  (128 + 16) * (128 + 8) * 2, 256)))
+    # The bench presets on sm_90a already fill their waves as well as any count in reach: the numbers stay.
+    for gain in (15, 100):
+        assert gpu_decode_tiling(32, 128, 1, 4096, 576, tuning=GpuTuning(decode_wave_gain=gain)).splits(4096) == 2
 
 
 # ------------------------------------------------------------------ compile checks

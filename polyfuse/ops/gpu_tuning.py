@@ -71,6 +71,12 @@ class GpuTuning:
     decode_min_split: int = 1024
     """Fewest keys per split when the keys are split (the combine reads one partial result per split: below
     about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
+    decode_wave_gain: int = 15
+    """Percentage points of the last wave's busy fraction by which another split count must beat the one the
+    rules above give before the decode split rule takes it (:func:`~polyfuse.ops.schedules.wave_splits`).  Decode
+    streams K and V from memory, so a part-filled last wave costs less than its idle fraction: attn_global decode
+    B=32 H=64 Skv=4096 fills 78% of its last wave with one split and 89% with two, yet measured 1.27 ms with one
+    and 1.33 with two (H200, two launches; see ``decode_tile``); at 10 points the rule would take two."""
     combine_columns: int = 32
     """Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
     is otherwise one block per head group: 8 blocks at MLA's B=1 H=128).  Measured on the H200 (ms, columns 16 /

@@ -29,7 +29,8 @@ failing condition, and nothing is mis-compiled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from polyfuse.device import DeviceSpec, for_backend
@@ -88,6 +89,9 @@ class DecodeTiling:
     split: int
     columns: int = GpuTuning.combine_columns
     """Output columns (dv) per thread block of the combine kernel (see :func:`_spread_combine`)."""
+    efficiency: float = dataclasses.field(default=1.0, compare=False)
+    """The busy fraction of the partial blocks' last wave on the device it was chosen for (:func:`wave_splits`;
+    1.0: whole waves, or not computed)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
@@ -114,7 +118,11 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
        evenly and the split rounded up to whole tiles.  A split of many tiles rolls over them inside its
        block, so its partial results (one per split, written and read again by the combine) stay few: at
        MLA's B=1 H=128 Skv=32768, 32 splits of 1024 keys instead of 256 of 128 (pv partials of 8 MB, not
-       67 MB); for B=32 H=64 Skv=4096 the 2048 units need no split at all.
+       67 MB); for B=32 H=64 Skv=4096 the 2048 units need no split at all;
+    4. waves: where another count, up to twice that one and within the bounds above, fills the last wave of
+       resident partial blocks (``DeviceSpec.resident_blocks``: by shared memory and threads) by
+       ``decode_wave_gain`` percentage points better, the count nearest it among the best
+       (:func:`wave_splits`); the busy fraction is kept in :attr:`DecodeTiling.efficiency`.
     """
     device = device or for_backend("cuda")
     t = tuning or GpuTuning()
@@ -130,11 +138,39 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     resident = max(1, device.blocks_per_sm((tile + rows) * row_bytes))
     blocks = min(t.decode_blocks_per_sm * device.sms, device.sms * resident * t.decode_waves)
     tiles = -(-keys // tile)
-    splits = max(1, min(-(-blocks // units), tiles, keys // t.decode_min_split))
+    longest = max(1, min(tiles, keys // t.decode_min_split))
+    splits = max(1, min(-(-blocks // units), longest))
     if keys % tile == 0:
         splits = max(d for d in range(1, splits + 1) if tiles % d == 0)
+    threads = (t.warps or device.default_warps) * device.warp_size
+    wave = device.sms * device.resident_blocks((tile + rows) * row_bytes, threads)
+    allowed = [s for s in range(1, min(longest, 2 * splits) + 1) if keys % tile or tiles % s == 0]
+    splits = wave_splits(units, splits, allowed, wave, t.decode_wave_gain)
     split = -(-keys // splits)
-    return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns)
+    return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
+                        wave_efficiency(units * splits, wave))
+
+
+def wave_efficiency(blocks: int, wave: int) -> float:
+    """The busy fraction of ``ceil(blocks / wave)`` waves of ``wave`` resident blocks (1: whole waves)."""
+    return blocks / (-(-blocks // wave) * wave)
+
+
+def wave_splits(units: int, current: int, allowed: Sequence[int], wave: int, gain: float) -> int:
+    """Split count by wave efficiency: ``current`` unless an ``allowed`` count fills the waves of ``wave``
+    resident blocks (``units`` blocks per split) better by at least ``gain``; then, of the counts within
+    ``gain / 2`` of the best, the one nearest ``current`` (the fewer on a tie: less combine traffic).
+
+    ``current`` comes from the rules measured on the GPU (blocks per SM, waves, fewest keys per split), so it
+    stays wherever no count in reach fills the last wave clearly better (``gain``, in percentage points)."""
+    if not allowed:
+        return current
+    efficiency = {s: 100 * wave_efficiency(units * s, wave) for s in {*allowed, current}}
+    best = max(efficiency.values())
+    if best < efficiency[current] + gain:
+        return current
+    near = [s for s in allowed if efficiency[s] >= best - gain / 2]
+    return min(near, key=lambda s: (abs(s - current), s))
 
 
 def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, device: DeviceSpec | None = None,

@@ -366,6 +366,7 @@ _CUDA_ATTRIBUTES = {
     "registers_per_sm": "MAX_REGISTERS_PER_MULTIPROCESSOR",
     "warp_size": "WARP_SIZE",
     "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
+    "threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
 }
 """The :class:`DeviceSpec` fields a CUDA driver reports, by device attribute (``CU_DEVICE_ATTRIBUTE_`` + name in
 cuda-python, ``device_attribute.`` + name in pycuda)."""
@@ -376,6 +377,7 @@ _HIP_PROPERTIES = {
     "registers_per_sm": "regsPerMultiprocessor",
     "warp_size": "warpSize",
     "max_threads_per_block": "maxThreadsPerBlock",
+    "threads_per_sm": "maxThreadsPerMultiProcessor",
 }
 """The :class:`DeviceSpec` fields HIP reports, by ``hipDeviceProp_t`` field (HIP reserves no shared memory)."""
 
