@@ -516,7 +516,7 @@ def test_one_thread_per_output_reductions_over_few_steps_are_unrolled():
     _attention_decode_gpu(sch, DecodeTiling(4, 16, 32))  # 8 splits
     sch.compact_buffers()
     text = emit(to_tiles(sch.program), CUDA).text
-    combine = text[text.index("_k1("):]
+    combine = text[text.index("// split-k combine folded in"):]
     assert re.search(r"#pragma unroll\n\s*for \(int x_j_0 = \(0\) \* \d; x_j_0 < 8;", combine)
     rows = emit(_tiles("layernorm_stats", "default", M=8192), CUDA).text
     assert not re.search(r"#pragma unroll\n\s*for \(int x_", rows)
