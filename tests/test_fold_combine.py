@@ -36,6 +36,7 @@ DECODE = [n for n in ops.names() if "decode" in ops.get(n).modes]
 ANY_SPLIT = GpuTuning(decode_min_split=1)
 """Splits of any length: the catalog's test sizes (Skv = 40) get three splits of 16 keys."""
 TWO_LAUNCHES = CUDA.with_options(fold_combine=False)
+ANY_FOLD = CUDA.with_options(fold_serial=64)  # the mechanism wherever legal, whatever the rule's threshold
 WERROR = CompileOptions(werror=True)
 
 
@@ -251,9 +252,15 @@ def test_decode_kernels_compile_for_sm90a(name, preset):
         _compile(emit(tiles, TWO_LAUNCHES), f"decode_two_{name}")
     else:
         tiles = _tiles(name, **op.presets[preset])
-    source = emit(tiles, CUDA)
+    source = emit(tiles, ANY_FOLD)
     assert len(source.launches) == 1
     _compile(source, f"decode_{name}_{preset}")
+    if preset != "test":
+        # the default rule folds where the last block runs at most fold_serial combine blocks of its row
+        plan = str(gpu_plan(tiles, CUDA)[1])
+        if len(emit(tiles, TWO_LAUNCHES).launches) == 2:  # (a split: a combine to fold)
+            assert ("split-k combine folded in" in plan) == (len(emit(tiles, CUDA).launches) == 1)
+            assert "split-k combine folded in" in plan or "CodegenOptions.fold_serial is 2" in plan
 
 
 # ------------------------------------------------------------------ on the GPU
@@ -262,7 +269,6 @@ GPU_CASES = [
     ("attn_gqa", DecodeTiling(2, 16, 32), {"Hq": 8, "Hkv": 2, "Skv": 80}),   # ragged last split
     ("attn_window", DecodeTiling(1, 16, 16), {"Skv": 40}),                  # W = 24: the first split all masked
     ("attn_causal", DecodeTiling(1, 16, 16), {"Skv": 97}),                  # prime: 7 splits, the last of 1 key
-    ("attn_causal", DecodeTiling(1, 16, 16), {"Skv": 1}),                   # one key: no split, no combine
     ("attn_global", DecodeTiling(1, 16, 16), {"Skv": 40}),
     ("attn_mla_decode", DecodeTiling(2, 16, 32, 8), {"Skv": 131}),          # prime; 7 column blocks in a row
     ("attn_norm_inside", DecodeTiling(1, 16, 32, 4), {"Skv": 40}),          # two producers of pv
@@ -299,11 +305,12 @@ def _folded_against_two_launches(op, mode: str, sizes: dict, sch: Schedule, spli
     from polyfuse.pipeline import build
 
     try:
-        folded = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=True))
+        folded = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=True, fold_serial=64))
         two = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=False))
     except BackendUnavailable as err:
         pytest.skip(str(err))
-    assert len(two.kernel_source.launches) - len(folded.kernel_source.launches) == (1 if splits > 1 else 0)
+    combined = len(two.kernel_source.launches) > 1
+    assert len(two.kernel_source.launches) - len(folded.kernel_source.launches) == (1 if combined else 0)
     tolerance = op.tolerance(mode, sizes)
     for magnitude in op.magnitudes:
         for variant in VARIANTS:
@@ -317,7 +324,7 @@ def _folded_against_two_launches(op, mode: str, sizes: dict, sch: Schedule, spli
             assert result.ok, f"{where}: {result.line()} worst {result.worst}"
             result = ops.compare(first, {k: np.asarray(v, np.float64) for k, v in two.run(inputs).items()}, tolerance)
             assert result.ok, f"{where}: folded against two launches {result.line()} worst {result.worst}"
-    if splits > 1:
+    if combined:
         name = folded.kernel_source.zeroed[0]
         tickets = folded.read_scratch(name)
         assert tickets.dtype == np.int32 and tickets.size > 0 and not tickets.any()  # every launch left them at 0

@@ -135,6 +135,12 @@ def plan_fold(partial: GridNest, combine: GridNest, name: str, tensors: dict[str
     return CombineFold(axes(rows), axes(splits), axes(serial), counter)
 
 
+def serial_blocks(fold: CombineFold) -> int | None:
+    """How many blocks of the combine the last block of a row runs one after another (None: not a number)."""
+    count = _product(a.extent for a in fold.serial)
+    return count.value if isinstance(count, Const) else None
+
+
 def refuse_for_plan(plan: KernelPlan) -> str:
     """Why the partial kernel as planned cannot run a combine after its body (condition 4), or ``""``."""
     if any(lp.fragments is not None and lp.fragments.producer for lp in plan.loops.values()):

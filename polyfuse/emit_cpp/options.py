@@ -66,7 +66,10 @@ class CodegenOptions:
     (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
     default GPU schedules then do not roll such rows over chunks.
     ``fold_combine``: a split-k combine runs in its partial kernel's launch, by the last block of each row
-    (:mod:`~polyfuse.emit_cpp.fold`), where that is legal; off: its own launch after the partial kernel.
+    (:mod:`~polyfuse.emit_cpp.fold`), where that is legal and that block runs at most ``fold_serial`` blocks of
+    the combine one after another (more run in parallel in a launch of their own: measured faster folded where a
+    row's combine has 2 such blocks, slower where it has 16, as MLA decode; see benchmarks/results); off: its own launch after the
+    partial kernel.
     """
 
     fast_exp: bool = True
@@ -100,6 +103,7 @@ class CodegenOptions:
     rows_on_chip: bool = True
     row_registers: int = 64
     fold_combine: bool = True
+    fold_serial: int = 2
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -234,6 +234,11 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
     refused = fold_.refuse_for_plan(partial)
     if refused:
         return refused
+    serial = fold_.serial_blocks(fold)
+    if serial is None or serial > frame.options.fold_serial:
+        return (f"the last block of a row would run {serial if serial is not None else 'a size-dependent number of'} "
+                f"blocks of the combine one after another (CodegenOptions.fold_serial is "
+                f"{frame.options.fold_serial}): their own launch runs them in parallel")
     try:
         plan = _plan_kernel(combine, name, dataclasses.replace(frame, threads=partial.threads), device)
     except UnsupportedPattern as err:
