@@ -146,7 +146,7 @@ def test_debug_shows_the_traceback(capsys, argv):
 @pytest.mark.parametrize("bad", ["N", "=4", "N=x", "N=1.5", "2N=4"])
 def test_malformed_set_is_a_usage_error(capsys, bad):
     code, _, err = cli(capsys, "check", "softmax", "--set", bad)
-    assert code == 2 and "argument --set" in err
+    assert code == 3 and "argument --set" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("value", ["0", "-3"])
@@ -171,8 +171,10 @@ def test_unknown_mode_exits_3_naming_the_modes(capsys):
 
 @pytest.mark.parametrize("argv", [[], ["frobnicate"], ["show", "x", "--stage", "bogus"],
                                   ["check", "x", "--backend", "bogus"]])
-def test_usage_errors_exit_2(capsys, argv):
-    assert cli(capsys, *argv)[0] == 2
+def test_usage_errors_exit_3_with_one_line(capsys, argv):
+    code, out, err = cli(capsys, *argv)
+    assert code == 3 and not out and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("polyfuse") and ": error: " in err and "--help`)" in err
 
 
 def test_help_exits_0(capsys):

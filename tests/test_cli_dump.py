@@ -76,7 +76,7 @@ def test_the_default_target_is_cuda(capsys, mine):
 @pytest.mark.parametrize("option", [("--set", "N=8"), ("--mode", "prefill"), ("--seed", "3")])
 def test_options_dump_would_ignore_are_usage_errors(capsys, mine, option):
     code, _, err = cli(capsys, "dump", str(mine), *option)
-    assert code == 2 and f"unrecognized arguments: {' '.join(option)}" in err
+    assert code == 3 and f"unrecognized arguments: {' '.join(option)}" in err
 
 
 def test_the_files_folder_is_on_sys_path(capsys, tmp_path):

@@ -11,10 +11,11 @@ import argparse
 import sys
 import traceback
 from collections.abc import Sequence
+from typing import NoReturn
 
 from polyfuse import __version__
 from polyfuse.cli import bench, commands, demo, dump
-from polyfuse.cli.commands import EXIT_BUG, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_USAGE
+from polyfuse.cli.commands import EXIT_BUG, EXIT_REFUSED, EXIT_UNAVAILABLE
 from polyfuse.cli.stages import BACKEND_NAMES, STAGE_NAMES, NotAvailable
 from polyfuse.errors import BackendUnavailable, InternalError, PolyfuseError
 from polyfuse.ops.variants import VARIANTS
@@ -57,8 +58,17 @@ def _inputs_options(parser: argparse.ArgumentParser) -> None:
                              "and within the inputs' dtype")
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are user errors like the others: one line naming the problem and
+    where the usage is, exit status 3 (argparse's own prints the whole usage and exits 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see `{self.prog} --help`)", file=sys.stderr)
+        raise SystemExit(EXIT_REFUSED)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="polyfuse", description="A polyhedral compiler for fused GPU kernels.")
+    parser = _Parser(prog="polyfuse", description="A polyhedral compiler for fused GPU kernels.")
     parser.add_argument("--version", action="version", version=f"polyfuse {__version__}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -123,8 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as stop:  # --help, --version, or a usage error (2)
-        return stop.code if isinstance(stop.code, int) else EXIT_USAGE
+    except SystemExit as stop:  # --help, --version (0), or a usage error (3)
+        return stop.code if isinstance(stop.code, int) else EXIT_REFUSED
     args.command_line = ["polyfuse", *(sys.argv[1:] if argv is None else argv)]
     try:
         return args.run(args)

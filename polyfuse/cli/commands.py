@@ -9,7 +9,7 @@ from polyfuse import ops
 from polyfuse.cli.stages import Subject, check_backend, gpu_stage, require_backend, require_stage
 from polyfuse.errors import PolyfuseError
 
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_BUG = 0, 1, 2, 3, 4, 5
+EXIT_OK, EXIT_FAIL, EXIT_REFUSED, EXIT_UNAVAILABLE, EXIT_BUG = 0, 1, 3, 4, 5
 """The exit statuses of the contract (docs/cli.md): success, a check failed, a usage error, a
 :class:`PolyfuseError` (one line on stderr), a stage or backend not available here."""
 
