@@ -92,8 +92,7 @@ class CombineFold:
         splits = " x ".join(map(str, self.splits))
         serial = f", its column blocks {' x '.join(map(str, self.serial))} one after another" if self.serial else ""
         return (f"split-k combine folded in: the last of the {splits} blocks of each row ({rows}) combines{serial}; "
-                f"tickets in {self.counter.name}[{self.counter.shape[0]}] (zeroed at allocation, reset by that "
-                f"block)")
+                f"one ticket per row in {self.counter.name} (zeroed at allocation, reset by that block)")
 
 
 def plan_fold(partial: GridNest, combine: GridNest, name: str, tensors: dict[str, Tensor],
