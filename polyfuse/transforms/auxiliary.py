@@ -19,6 +19,12 @@ with partial states relative to split-local r merged into the global r, Chan's
 parallel formula.  Coefficients that are identically 0 are dropped, equal ones
 share one accumulator (inertia's ``Σ w`` serves all three coordinates).
 
+A term ``E(r, c)·P(r, c)`` whose exponential factor E rescales by a c-free ``φ = E(r', c)/E(r, c)``
+(``exp(x - m)·(x - m)``: φ = exp(m - m')) and whose P is a polynomial in r gets the same state with
+P's coefficients times E, every component's repair multiplied by φ: the accumulators stay at the
+producers' running scale (a max moves them down only; :mod:`~polyfuse.transforms.numerics` proves
+0 <= φ <= 1), and nothing is recombined by subtraction (``A - m·S`` would cancel).
+
 Each repair ``h_α(t, A, r, r')`` is a :class:`~polyfuse.transforms.repair.Repair`
 whose ``state`` symbols stand for the auxiliary accumulators *before* the update
 (the fusions order the updates X, A_1, …, so each reads the higher ones not yet
@@ -77,11 +83,13 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
         return None
     old, new = list(solver.old), list(solver.new)
     g = solver.g
-    if g.has(sympy.Piecewise) or not g.is_polynomial(*old):
-        reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}")
+    scale, e, poly = _scaled_factors(g, old, new, solver.cs)
+    if g.has(sympy.Piecewise) or not poly.is_polynomial(*old):
+        reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}"
+                       + ("" if scale == 1 else f" (nor {e} times one)"))
         return None
-    degree = sympy.Poly(g, *old).total_degree()
-    classes = _taylor_classes(g, old, degree)
+    degree = sympy.Poly(poly, *old).total_degree()
+    classes = [(alphas, e * t) for alphas, t in _taylor_classes(poly, old, degree)]
     if len(classes) > MAX_AUXILIARIES:
         reasons.append(f"no auxiliary accumulators: g has {len(classes)} Taylor coefficients in the producers "
                        f"(more than {MAX_AUXILIARIES})")
@@ -100,27 +108,58 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
         return out
 
     zero = (0,) * len(old)
-    hs = [solver.t + shifted(zero)] + [solver.t + shifted(alphas[0]) for alphas, _ in classes]
+    hs = [scale * (solver.t + shifted(zero))] + [scale * (solver.t + shifted(alphas[0])) for alphas, _ in classes]
     terms = [g] + [t for _, t in classes]
     failed = _prove(solver, terms, hs, state)
     if failed is not None:
         reasons.append(f"the auxiliary state does not repair exactly: {failed}")
         return None
+    scaled = "" if scale == 1 else (f" times {e}, which every update rescales by {scale} (each accumulator "
+                                    "carries the producer's running scale)")
     proof = (f"no single repair ({'; '.join(reasons)}); g is a polynomial of degree {degree} in "
-             f"{', '.join(map(str, old))}: Taylor's formula is exact, "
+             f"{', '.join(map(str, old))}{scaled}: Taylor's formula is exact, "
              f"so (X, {', '.join(map(str, state))}) transforms by a binomial matrix in δ = r' - r; proven "
              f"symbolically over a sample of {_SAMPLE} elements, and for the split-k combine (partial states at "
              "split-local references, each shifted to r' and added: Chan's parallel formula)")
     auxiliaries = []
     for k, ((alphas, term), h) in enumerate(zip(classes, hs[1:], strict=True)):
         try:
-            ir = from_sympy(sympy.factor(term), solver.table.mapping, solver.dtype)
+            ir = from_sympy(_factored(term), solver.table.mapping, solver.dtype)
         except PolyfuseError as err:
             reasons.append(f"the auxiliary term {term} cannot be written as IR: {err}")
             return None
-        aux_repair = solver._repair(h, proof, g=sympy.factor(term), state=state)
-        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, sympy.factor(term), _why(alphas, old), aux_repair))
+        aux_repair = solver._repair(h, proof, g=_factored(term), state=state)
+        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, _factored(term), _why(alphas, old), aux_repair))
     return solver._repair(hs[0], proof, state=state, auxiliaries=tuple(auxiliaries))
+
+
+def _scaled_factors(g: sympy.Expr, old: list[sympy.Symbol], new: list[sympy.Symbol],
+                    cs: list[sympy.Symbol]) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """``(φ, E, P)`` with ``g = E·P``: E the product of g's exponential factors, P the rest, and
+    ``E(r', c) = φ·E(r, c)`` with φ free of every c — the running scale of a softmax-like term
+    (``exp(x - m)``: φ = exp(m - m')).  ``(1, 1, g)`` where g has no such factor.
+
+    With P a polynomial in r, ``g(r', c) = φ·E(r, c)·P(r', c)`` and Taylor's formula in P gives the
+    state repair below, every component multiplied by φ: the accumulators ``Σ E·T_β(P)`` are kept
+    at the producers' running scale, as the plain sum ``Σ E`` of a softmax is.
+    """
+    factors = sympy.Mul.make_args(g)
+    exps = [f for f in factors if isinstance(f, sympy.exp) and f.free_symbols & set(old)]
+    if not exps:
+        return sympy.Integer(1), sympy.Integer(1), g
+    e = sympy.Mul(*exps)
+    renew = dict(zip(old, new, strict=True))
+    scale = sympy.powsimp(sympy.expand_power_exp(e.xreplace(renew) / e))
+    scale = sympy.exp(sympy.expand(scale.args[0])) if isinstance(scale, sympy.exp) else scale
+    if scale.free_symbols & set(cs):
+        return sympy.Integer(1), sympy.Integer(1), g
+    return scale, e, sympy.Mul(*[f for f in factors if f not in exps])
+
+
+def _factored(term: sympy.Expr) -> sympy.Expr:
+    """``term`` factored, its exponentials kept whole: ``exp(x - m)``, never ``exp(x)·exp(-m)``,
+    which overflows where the plain program does not."""
+    return sympy.powsimp(sympy.factor(term), combine="exp")
 
 
 def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],

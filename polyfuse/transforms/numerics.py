@@ -220,6 +220,11 @@ class _Checker:
                 decays = True
                 identity_safe, first_safe = self._finite_at_identity(q, False), self._finite_at_identity(q, True)
             else:
+                scale = sympy.diff(self.space.sym(h_ir), self.space.t)
+                if self.repair.state and scale != 1:
+                    # A scaled state repair (softmax-like terms, see auxiliary._scaled_factors) rescales
+                    # every accumulator by the same factor: it must decay, like t·Q's.
+                    self._decay(scale)
                 self._references()
                 # A state repair has no identity guard G: at a rolling loop's first step its state is
                 # empty (h is t in real arithmetic), but δ from the saved placeholder can be infinite
@@ -637,19 +642,26 @@ def _number(reducer: str) -> sympy.Basic:
 
 def _at_term_value(g: sympy.Basic, p: sympy.Basic, value: sympy.Basic) -> sympy.Basic | None:
     """g where the producer's own term p takes ``value`` (±∞), or None if that cannot be told: p is
-    replaced where it occurs whole, else solved for one of its symbols; then the limit."""
+    replaced where it occurs whole, else solved for one of its symbols; then the limit.  Where floating
+    point evaluates g at ±∞ to NaN (``exp(p - m)·(p - m)``: 0·∞), NaN, whatever the limit: the plain
+    program computes that NaN."""
     pi = sympy.Dummy("p", real=True)
     replaced = g.xreplace({p: pi})
     if pi in replaced.free_symbols and not (replaced.free_symbols & p.free_symbols):
-        return sympy.limit(replaced, pi, value)
+        return _ieee_limit(replaced, pi, value)
     for x in sorted(p.free_symbols, key=str):
         solutions = sympy.solve(sympy.Eq(p, pi), x)
         if len(solutions) != 1:
             continue
         at = g.xreplace({x: solutions[0]})
         if x not in at.free_symbols and pi in at.free_symbols:
-            return sympy.limit(at, pi, value)
+            return _ieee_limit(at, pi, value)
     return None
+
+
+def _ieee_limit(g: sympy.Basic, pi: sympy.Symbol, value: sympy.Basic) -> sympy.Basic:
+    direct = g.xreplace({pi: value})
+    return sympy.nan if direct.has(sympy.nan, sympy.zoo) else sympy.limit(g, pi, value)
 
 
 def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str, bool]]:
