@@ -277,7 +277,8 @@ def test_gather_runs_on_the_gpu(name):
             plain, got = interpret(program, inputs), kernel.run(inputs)
             for out, value in plain.items():
                 assert _close(np.asarray(got[out]), value, 1e-5), (edge, shape, out)
-    key, extent = {"cross_entropy": ("target", 6), "embedding_rmsnorm": ("ids", 4), "routed_softmax": ("expert", 3)}[name]
+    key, extent = {"cross_entropy": ("target", 6), "embedding_rmsnorm": ("ids", 4),
+                   "routed_softmax": ("expert", 3)}[name]
     inputs = _inputs(name, 4, 6, np.random.default_rng(1))
     inputs[key] = inputs[key].copy()
     inputs[key][-1] = extent

@@ -75,7 +75,8 @@ from polyfuse.ir.visit import loads, map_expr, seq
 from polyfuse.transforms.auxiliary import add_auxiliary_blocks, add_sibling_sums, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, own_nest, reverse_compute_at
 from polyfuse.transforms.dataflow import (
-    body_children, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by, under,
+    body_children, bring_maps_before, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by,
+    under,
 )
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
@@ -105,6 +106,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     loop_block = _split_anchor(program, loop_block, loop)
     found = find_producers(program, block, find_loop(program, loop_block, loop))
     program = inline_paths(program, block, found.maps)
+    program = bring_maps_before(program, block, loop_block, loop, what)
     order = [b.name for b in program.blocks()]
     producers = sorted(found.reductions, key=order.index)
 
