@@ -1,4 +1,5 @@
-"""Auxiliary accumulators: exact fusion of a sum whose term is a polynomial in its producers.
+"""Auxiliary accumulators: exact fusion of a sum whose term is a polynomial in its producers (or one
+branch by branch of a select, or times a softmax-like exponential).
 
 When no single repair ``h(t, r, r')`` exists (mean → variance: ``g = (c - r)²``
 does not distribute over +), a larger state does.  For ``X = Σ g(r, c)`` with g a
@@ -18,6 +19,12 @@ For ``g = (c - r)²``: ``A_1 = Σ -2(c - r)``, ``A_2 = Σ 1 = n`` and
 with partial states relative to split-local r merged into the global r, Chan's
 parallel formula.  Coefficients that are identically 0 are dropped, equal ones
 share one accumulator (inertia's ``Σ w`` serves all three coordinates).
+
+A select on a condition free of the producers is a polynomial branch by branch, and its Taylor
+coefficients are selects too: ``select(c, x - m, 0)`` has ``A_1 = Σ select(c, -1, 0)``, minus the count of
+the elements where c holds, and ``X' = X + A_1·δ`` (the identities are proven branch by branch).
+:mod:`~polyfuse.transforms.numerics` then asks for finite data: the plain select drops an infinite element,
+the shifted count does not.
 
 A term ``E(r, c)·P(r, c)`` whose exponential factor E rescales by a c-free ``φ = E(r', c)/E(r, c)``
 (``exp(x - m)·(x - m)``: φ = exp(m - m')) and whose P is a polynomial in r gets the same state with
@@ -84,11 +91,13 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
     old, new = list(solver.old), list(solver.new)
     g = solver.g
     scale, e, poly = _scaled_factors(g, old, new, solver.cs)
-    if g.has(sympy.Piecewise) or not poly.is_polynomial(*old):
+    degree = _degree(poly, old)
+    if degree is None:
         reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}"
-                       + ("" if scale == 1 else f" (nor {e} times one)"))
+                       + ("" if scale == 1 else f" (nor {e} times one)")
+                       + (", not even branch by branch of a select on a condition free of them"
+                          if g.has(sympy.Piecewise) else ""))
         return None
-    degree = sympy.Poly(poly, *old).total_degree()
     classes = [(alphas, e * t) for alphas, t in _taylor_classes(poly, old, degree)]
     if len(classes) > MAX_AUXILIARIES:
         reasons.append(f"no auxiliary accumulators: g has {len(classes)} Taylor coefficients in the producers "
@@ -133,6 +142,34 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
     return solver._repair(hs[0], proof, state=state, auxiliaries=tuple(auxiliaries))
 
 
+def _degree(g: sympy.Expr, old: list[sympy.Symbol]) -> int | None:
+    """g's total degree in the producers ``old`` where g is a polynomial in them, else None.
+
+    A select on a condition free of the producers is a polynomial branch by branch, and so is its
+    Taylor expansion: ``select(c, x - m, 0) = [c]·x - [c]·m`` has the coefficient ``∂g/∂m = select(c, -1, 0)``,
+    whose sum is minus the count of the elements where c holds (the count-based state of a piecewise-linear
+    term).  Where the condition reads a producer (``select(x > m, …)``) the partition moves with it: None.
+    """
+    folded = sympy.piecewise_fold(g) if g.has(sympy.Piecewise) else g
+    if isinstance(folded, sympy.Piecewise):
+        if any(cond.free_symbols & set(old) for _, cond in folded.args):
+            return None
+        branches = [b for b, _ in folded.args]
+    else:
+        branches = [folded]
+    if any(b.has(sympy.Piecewise) or not b.is_polynomial(*old) for b in branches):
+        return None
+    return max(sympy.Poly(b, *old).total_degree() if b.free_symbols & set(old) else 0 for b in branches)
+
+
+def _vanishes(e: sympy.Expr) -> bool:
+    """``e`` is 0, branch by branch where it holds selects (each branch expanded)."""
+    folded = sympy.piecewise_fold(sympy.expand(e)) if e.has(sympy.Piecewise) else sympy.expand(e)
+    if isinstance(folded, sympy.Piecewise):
+        return all(sympy.expand(b) == 0 for b, _ in folded.args)
+    return folded == 0
+
+
 def _scaled_factors(g: sympy.Expr, old: list[sympy.Symbol], new: list[sympy.Symbol],
                     cs: list[sympy.Symbol]) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
     """``(φ, E, P)`` with ``g = E·P``: E the product of g's exponential factors, P the rest, and
@@ -172,9 +209,11 @@ def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],
             for sym, a in zip(old, alpha, strict=True):
                 d = sympy.diff(d, sym, a) if a else d
             term = sympy.expand(d / math.prod(math.factorial(a) for a in alpha))
-            if term == 0:
+            if term.has(sympy.Piecewise):
+                term = sympy.piecewise_fold(term)
+            if _vanishes(term):
                 continue
-            same = next((c for c in classes if sympy.expand(c[1] - term) == 0), None)
+            same = next((c for c in classes if _vanishes(c[1] - term)), None)
             if same is None:
                 classes.append(([alpha], term))
             else:
@@ -210,8 +249,8 @@ def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[s
     at_old = [total(t) for t in terms]
     values = dict(zip(state, at_old[1:], strict=True))
     for term, value, h in zip(terms, at_old, hs, strict=True):
-        residue = sympy.expand(h.xreplace({solver.t: value, **values}) - value.xreplace(renew))
-        if residue != 0:
+        residue = h.xreplace({solver.t: value, **values}) - value.xreplace(renew)
+        if not _vanishes(residue):
             return f"for the component Σ {term}, h = {h} leaves {residue}"
     # The combine: splits {0, 1} and {2} with references ρ_k of their own.
     parts = (range(0, _SAMPLE - 1), range(_SAMPLE - 1, _SAMPLE))
@@ -220,8 +259,8 @@ def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[s
     for k, (term, h) in enumerate(zip(terms, hs, strict=True)):
         combined = sum((h.xreplace({solver.t: p[k], **dict(zip(state, p[1:], strict=True)), **ref})
                         for p, ref in zip(partial, refs, strict=True)), sympy.Integer(0))
-        residue = sympy.expand(combined - at_old[k].xreplace(renew))
-        if residue != 0:
+        residue = combined - at_old[k].xreplace(renew)
+        if not _vanishes(residue):
             return f"combining partial states of Σ {term} at split-local references with h = {h} leaves {residue}"
     return None
 
