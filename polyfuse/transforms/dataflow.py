@@ -177,6 +177,21 @@ def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Prog
     return program
 
 
+def producers_in_place(program: Program, consumer: str, loop_block: str, loop: str,
+                       what: str) -> tuple[Program, Producers]:
+    """Step 1 of both fusions: the producers of ``consumer`` (:func:`find_producers`), the maps on their paths
+    inlined into it (:func:`inline_paths`), and the maps it reads after the loop's nest brought before it
+    (:func:`bring_maps_before`).  A nest moved there may hold a reduction, complete before the loop now: the
+    producers are found again on the moved program (the record keeps every map inlined)."""
+    found = find_producers(program, consumer, find_loop(program, loop_block, loop))
+    program = inline_paths(program, consumer, found.maps)
+    moved = bring_maps_before(program, consumer, loop_block, loop, what)
+    if moved is program:
+        return program, found
+    again = find_producers(moved, consumer, find_loop(moved, loop_block, loop))
+    return inline_paths(moved, consumer, again.maps), Producers(again.reductions, found.maps + again.maps)
+
+
 def bring_maps_before(program: Program, consumer: str, loop_block: str, loop: str, what: str) -> Program:
     """``program`` with every map block that ``consumer`` reads and that runs in a top-level nest after the
     one holding ``loop`` (and before the consumer's) moved, with its whole nest, before that nest, or, where
