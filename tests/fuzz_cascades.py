@@ -7,9 +7,10 @@ later reduction's term reading earlier results through terms of the shapes real 
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
 sometimes an elementwise epilogue follows (sometimes with a gather ``x[i, g[i]]``); sometimes a later
 reduction reads none of the earlier ones (a
-*sibling*, fused into the same pass), and sometimes an input declares its sign (``sign=``), which its inputs
-keep.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up to 1000, ±inf
-and NaN entries); schedules are the fusion recipes of
+*sibling*, fused into the same pass), sometimes an input declares its sign (``sign=``) or that it is finite
+(``finite=True``), which its inputs keep; separable terms (``exp(x - m)·(x - m)``, ``select(c, x - m, 0)``)
+need auxiliary states.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up
+to 1000, ±inf and NaN entries); schedules are the fusion recipes of
 ``polyfuse.ops.schedules`` (roll, roll over tiles, split-k, split-k then roll) and random sequences of the
 ordinary primitives around them.
 
@@ -90,6 +91,9 @@ SIBLINGS = 0.2
 """How often a later reduction reads no earlier one (a sibling: the statistic of the data beside the cascade)."""
 SIGNS = (None,) * 6 + ("nonnegative", "positive")
 """What an input declares about its sign (the generated inputs keep the promise: :func:`row`)."""
+FINITE = 0.3
+"""How often an input declares itself finite (no ±inf or NaN: :func:`row` keeps the promise), which the
+separable states ask for."""
 
 
 @dataclass
@@ -127,9 +131,12 @@ def _real_term(draw: Draw, lv: _Leaves) -> Expr:
         lambda: select(eq(p, 0.0), xv, xv / p), lambda: (xv - p) ** 2, lambda: xv * xv / p,
         lambda: exp(xv) / p, lambda: exp(xv - p) * (lv.y if lv.y is not None else xv), lambda: xv - p,
         lambda: abs(xv - mean), lambda: log(abs(xv) + abs(p) + 1.0), lambda: exp(0.5 * xv - p),
+        # separable in the producer: a count-based state (a select on a condition free of it), a polynomial one
+        lambda: select(xv > 0.0, xv - p, 0.0), lambda: select(lv.x > 0.5, xv - mean, 0.0),
     ]
     if red in ("max", "min"):
-        shapes += [lambda: exp(xv - p), lambda: exp(xv - p)]  # the softmax family, more often
+        shapes += [lambda: exp(xv - p), lambda: exp(xv - p),  # the softmax family, more often
+                   lambda: exp(xv - p) * (xv - p), lambda: exp(xv - p) * (xv - p) * (xv - p)]  # scaled states
     return draw.choice(shapes)()
 
 
@@ -198,8 +205,9 @@ def cascade(draw: Draw) -> Cascade:
         N, M = draw.choice([1, 2, 3]), draw.choice(SIZES)
         m_size = M
     shape = _Shape(N, [("j", M)] + ([("k", draw.choice([2, 3]))] if layout == "tile2d" else []))
-    x = p.input("x", shape.full, dtype, sign=draw.choice(SIGNS))
-    y = p.input("y", shape.full, dtype, sign=draw.choice(SIGNS)) if draw.boolean(0.25) else None
+    x = p.input("x", shape.full, dtype, sign=draw.choice(SIGNS), finite=draw.boolean(FINITE))
+    y = p.input("y", shape.full, dtype, sign=draw.choice(SIGNS), finite=draw.boolean(FINITE)) \
+        if draw.boolean(0.25) else None
     count = draw.integer(2, 4)
     producers: list[tuple[str, Tensor]] = []
     names = []
@@ -279,9 +287,10 @@ def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[st
 ROW_KINDS = ("normal", "normal", "leading_zeros", "zeros", "ties", "monotone", "large", "special", "positive")
 
 
-def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None) -> np.ndarray:
+def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None, finite: bool = False) -> np.ndarray:
     """One row of ``m`` values of a drawn kind, kept to a declared ``sign`` (magnitudes; +inf stays, -inf and
-    NaN become +inf, and a positive row's zeros the smallest normal number)."""
+    NaN become +inf, and a positive row's zeros the smallest normal number) and to ``finite`` (±inf and NaN
+    become ±1000)."""
     kind = draw.choice(ROW_KINDS)
     v = rng.standard_normal(m) * draw.choice([1.0, 3.0])
     if kind == "leading_zeros":
@@ -302,6 +311,8 @@ def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None) -
         v = np.where(np.isnan(v), np.inf, np.abs(v))
         if sign == "positive":
             v = np.where(v == 0.0, np.finfo(np.float32).tiny, v)
+    if finite:
+        v = np.where(np.isfinite(v), v, np.where(v < 0, -1000.0, 1000.0))
     return v
 
 
@@ -318,6 +329,7 @@ def inputs(draw: Draw, c: Cascade, seed: int) -> tuple[dict[str, np.ndarray], di
     np_dtype = np.float64 if c.dtype == "f64" else np.float32
     per_row = int(np.prod(shape[1:]))
     data = {t.name: rng.integers(0, shape[1], shape[0]).astype(np.int32) if t.dtype.is_int else  # gather indices
-            np.stack([row(draw, rng, per_row, t.sign) for _ in range(shape[0])]).reshape(shape).astype(np_dtype)
+            np.stack([row(draw, rng, per_row, t.sign, t.finite) for _ in range(shape[0])]).reshape(shape)
+            .astype(np_dtype)
             for t in c.program.inputs}
     return data, ({"N": shape[0], "M": shape[1]} if c.symbolic else None)
