@@ -91,9 +91,12 @@ SIBLINGS = 0.2
 """How often a later reduction reads no earlier one (a sibling: the statistic of the data beside the cascade)."""
 SIGNS = (None,) * 6 + ("nonnegative", "positive")
 """What an input declares about its sign (the generated inputs keep the promise: :func:`row`)."""
-FINITE = 0.3
+FINITE = 0.4
 """How often an input declares itself finite (no ±inf or NaN: :func:`row` keeps the promise), which the
 separable states ask for."""
+SEPARABLE = {True: 0.4, False: 0.1}
+"""How often a summed real-code term is one that needs an auxiliary state (separable in its producer), over
+inputs declared finite (where such states can fuse) and over others (where they are refused)."""
 
 
 @dataclass
@@ -118,10 +121,12 @@ class _Leaves:
     y: Expr | None
     producers: list[tuple[str, Expr]]  # (reducer, r[i]) of earlier reductions
     m: Expr
+    finite: bool = False  # the inputs are declared finite (separable states need it)
 
 
-def _real_term(draw: Draw, lv: _Leaves) -> Expr:
-    """A term of the shapes real code has, reading one producer."""
+def _real_term(draw: Draw, lv: _Leaves, summed: bool = False) -> Expr:
+    """A term of the shapes real code has, reading one producer (``summed``: by a sum, which a term separable
+    in the producer needs)."""
     red, p = draw.choice(lv.producers)
     xv = lv.x if lv.y is None or draw.boolean(0.7) else lv.y
     mean = p / lv.m
@@ -131,12 +136,15 @@ def _real_term(draw: Draw, lv: _Leaves) -> Expr:
         lambda: select(eq(p, 0.0), xv, xv / p), lambda: (xv - p) ** 2, lambda: xv * xv / p,
         lambda: exp(xv) / p, lambda: exp(xv - p) * (lv.y if lv.y is not None else xv), lambda: xv - p,
         lambda: abs(xv - mean), lambda: log(abs(xv) + abs(p) + 1.0), lambda: exp(0.5 * xv - p),
-        # separable in the producer: a count-based state (a select on a condition free of it), a polynomial one
-        lambda: select(xv > 0.0, xv - p, 0.0), lambda: select(lv.x > 0.5, xv - mean, 0.0),
     ]
+    # separable in the producer: count-based states (a select on a condition free of it) and, behind a max or
+    # min, scaled ones (the min's are refused: its scale grows)
+    separable = [lambda: select(xv > 0.0, xv - p, 0.0), lambda: select(lv.x > 0.5, xv - mean, 0.0)]
     if red in ("max", "min"):
-        shapes += [lambda: exp(xv - p), lambda: exp(xv - p),  # the softmax family, more often
-                   lambda: exp(xv - p) * (xv - p), lambda: exp(xv - p) * (xv - p) * (xv - p)]  # scaled states
+        shapes += [lambda: exp(xv - p), lambda: exp(xv - p)]  # the softmax family, more often
+        separable += [lambda: exp(xv - p) * (xv - p), lambda: exp(xv - p) * (xv - p) * (xv - p)] * 2
+    if summed and draw.boolean(SEPARABLE[lv.finite]):
+        return draw.choice(separable)()
     return draw.choice(shapes)()
 
 
@@ -220,17 +228,17 @@ def cascade(draw: Draw) -> Cascade:
         if n and draw.boolean(0.25):
             tmp = p.temp(f"t{n}", shape.full, dtype)
             with p.nest(f"m{n}", i=N, **shape.spatial()) as idx:
-                tmp[idx] = _term(draw, n, x, y, producers, shape, idx)
+                tmp[idx] = _term(draw, n, x, y, producers, shape, idx, red == "sum")
         kw = {} if init is None else {"init": init}
         if layout == "reversed" and (n == 0 or draw.boolean(0.3)):
             with p.loop("i", N) as li, p.loop("j", M) as lj:
                 with p.block(f"s{n}", i=spatial(N, li), j=reduce(M, M - 1 - lj), **kw) as idx:
                     r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
-                                         _term(draw, n, x, y, producers, shape, idx))
+                                         _term(draw, n, x, y, producers, shape, idx, red == "sum"))
         else:
             with p.nest(f"s{n}", i=N, **shape.reduce(), **kw) as idx:
                 r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
-                                     _term(draw, n, x, y, producers, shape, idx))
+                                     _term(draw, n, x, y, producers, shape, idx, red == "sum"))
         producers.append((red, r))
         names.append(f"s{n}")
     if draw.boolean(0.3):
@@ -239,16 +247,16 @@ def cascade(draw: Draw) -> Cascade:
 
 
 def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple[str, Tensor]], shape: _Shape,
-          idx: tuple) -> Expr:
+          idx: tuple, summed: bool = False) -> Expr:
     xv = x[idx]
     if n == 0 or draw.boolean(SIBLINGS):  # the first reduction, or a sibling of the earlier ones
         if n and y is not None and draw.boolean():
             xv = y[idx]
         return xv if draw.boolean(0.7) else draw.choice([lambda: abs(xv), lambda: exp(xv), lambda: xv * xv])()
     lv = _Leaves(xv, None if y is None else y[idx], [(red, r[idx[0]]) for red, r in producers],
-                 shape.count(str(x.dtype)))
+                 shape.count(str(x.dtype)), x.finite and (y is None or y.finite))
     if draw.boolean(0.7):
-        return _real_term(draw, lv)
+        return _real_term(draw, lv, summed)
     term = _random_term(draw, lv, draw.integer(1, 3))
     producers = {r.tensor.name for _, r in lv.producers}  # type: ignore[attr-defined]
     if not any(ld.tensor.name in producers for ld in loads(term)):  # a consumer reads a producer
