@@ -7,9 +7,10 @@ later reduction's term reading earlier results through terms of the shapes real 
 nest computes the term into a temporary, sometimes the consumer's ``init`` is not the reducer's identity,
 sometimes an elementwise epilogue follows (sometimes with a gather ``x[i, g[i]]``); sometimes a later
 reduction reads none of the earlier ones (a
-*sibling*, fused into the same pass), and sometimes an input declares its sign (``sign=``), which its inputs
-keep.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up to 1000, ±inf
-and NaN entries); schedules are the fusion recipes of
+*sibling*, fused into the same pass), sometimes an input declares its sign (``sign=``) or that it is finite
+(``finite=True``), which its inputs keep; separable terms (``exp(x - m)·(x - m)``, ``select(c, x - m, 0)``)
+need auxiliary states.  Inputs mix row kinds (normal, leading zeros, zero rows, ties, monotone, magnitudes up
+to 1000, ±inf and NaN entries); schedules are the fusion recipes of
 ``polyfuse.ops.schedules`` (roll, roll over tiles, split-k, split-k then roll) and random sequences of the
 ordinary primitives around them.
 
@@ -90,6 +91,12 @@ SIBLINGS = 0.2
 """How often a later reduction reads no earlier one (a sibling: the statistic of the data beside the cascade)."""
 SIGNS = (None,) * 6 + ("nonnegative", "positive")
 """What an input declares about its sign (the generated inputs keep the promise: :func:`row`)."""
+FINITE = 0.4
+"""How often an input declares itself finite (no ±inf or NaN: :func:`row` keeps the promise), which the
+separable states ask for."""
+SEPARABLE = {True: 0.4, False: 0.1}
+"""How often a summed real-code term is one that needs an auxiliary state (separable in its producer), over
+inputs declared finite (where such states can fuse) and over others (where they are refused)."""
 
 
 @dataclass
@@ -114,10 +121,12 @@ class _Leaves:
     y: Expr | None
     producers: list[tuple[str, Expr]]  # (reducer, r[i]) of earlier reductions
     m: Expr
+    finite: bool = False  # the inputs are declared finite (separable states need it)
 
 
-def _real_term(draw: Draw, lv: _Leaves) -> Expr:
-    """A term of the shapes real code has, reading one producer."""
+def _real_term(draw: Draw, lv: _Leaves, summed: bool = False) -> Expr:
+    """A term of the shapes real code has, reading one producer (``summed``: by a sum, which a term separable
+    in the producer needs)."""
     red, p = draw.choice(lv.producers)
     xv = lv.x if lv.y is None or draw.boolean(0.7) else lv.y
     mean = p / lv.m
@@ -128,8 +137,14 @@ def _real_term(draw: Draw, lv: _Leaves) -> Expr:
         lambda: exp(xv) / p, lambda: exp(xv - p) * (lv.y if lv.y is not None else xv), lambda: xv - p,
         lambda: abs(xv - mean), lambda: log(abs(xv) + abs(p) + 1.0), lambda: exp(0.5 * xv - p),
     ]
+    # separable in the producer: count-based states (a select on a condition free of it) and, behind a max or
+    # min, scaled ones (the min's are refused: its scale grows)
+    separable = [lambda: select(xv > 0.0, xv - p, 0.0), lambda: select(lv.x > 0.5, xv - mean, 0.0)]
     if red in ("max", "min"):
         shapes += [lambda: exp(xv - p), lambda: exp(xv - p)]  # the softmax family, more often
+        separable += [lambda: exp(xv - p) * (xv - p), lambda: exp(xv - p) * (xv - p) * (xv - p)] * 2
+    if summed and draw.boolean(SEPARABLE[lv.finite]):
+        return draw.choice(separable)()
     return draw.choice(shapes)()
 
 
@@ -198,8 +213,9 @@ def cascade(draw: Draw) -> Cascade:
         N, M = draw.choice([1, 2, 3]), draw.choice(SIZES)
         m_size = M
     shape = _Shape(N, [("j", M)] + ([("k", draw.choice([2, 3]))] if layout == "tile2d" else []))
-    x = p.input("x", shape.full, dtype, sign=draw.choice(SIGNS))
-    y = p.input("y", shape.full, dtype, sign=draw.choice(SIGNS)) if draw.boolean(0.25) else None
+    x = p.input("x", shape.full, dtype, sign=draw.choice(SIGNS), finite=draw.boolean(FINITE))
+    y = p.input("y", shape.full, dtype, sign=draw.choice(SIGNS), finite=draw.boolean(FINITE)) \
+        if draw.boolean(0.25) else None
     count = draw.integer(2, 4)
     producers: list[tuple[str, Tensor]] = []
     names = []
@@ -212,17 +228,17 @@ def cascade(draw: Draw) -> Cascade:
         if n and draw.boolean(0.25):
             tmp = p.temp(f"t{n}", shape.full, dtype)
             with p.nest(f"m{n}", i=N, **shape.spatial()) as idx:
-                tmp[idx] = _term(draw, n, x, y, producers, shape, idx)
+                tmp[idx] = _term(draw, n, x, y, producers, shape, idx, red == "sum")
         kw = {} if init is None else {"init": init}
         if layout == "reversed" and (n == 0 or draw.boolean(0.3)):
             with p.loop("i", N) as li, p.loop("j", M) as lj:
                 with p.block(f"s{n}", i=spatial(N, li), j=reduce(M, M - 1 - lj), **kw) as idx:
                     r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
-                                         _term(draw, n, x, y, producers, shape, idx))
+                                         _term(draw, n, x, y, producers, shape, idx, red == "sum"))
         else:
             with p.nest(f"s{n}", i=N, **shape.reduce(), **kw) as idx:
                 r[idx[0]] = _combine(red, r[idx[0]], tmp[idx] if tmp is not None else
-                                     _term(draw, n, x, y, producers, shape, idx))
+                                     _term(draw, n, x, y, producers, shape, idx, red == "sum"))
         producers.append((red, r))
         names.append(f"s{n}")
     if draw.boolean(0.3):
@@ -231,16 +247,16 @@ def cascade(draw: Draw) -> Cascade:
 
 
 def _term(draw: Draw, n: int, x: Tensor, y: Tensor | None, producers: list[tuple[str, Tensor]], shape: _Shape,
-          idx: tuple) -> Expr:
+          idx: tuple, summed: bool = False) -> Expr:
     xv = x[idx]
     if n == 0 or draw.boolean(SIBLINGS):  # the first reduction, or a sibling of the earlier ones
         if n and y is not None and draw.boolean():
             xv = y[idx]
         return xv if draw.boolean(0.7) else draw.choice([lambda: abs(xv), lambda: exp(xv), lambda: xv * xv])()
     lv = _Leaves(xv, None if y is None else y[idx], [(red, r[idx[0]]) for red, r in producers],
-                 shape.count(str(x.dtype)))
+                 shape.count(str(x.dtype)), x.finite and (y is None or y.finite))
     if draw.boolean(0.7):
-        return _real_term(draw, lv)
+        return _real_term(draw, lv, summed)
     term = _random_term(draw, lv, draw.integer(1, 3))
     producers = {r.tensor.name for _, r in lv.producers}  # type: ignore[attr-defined]
     if not any(ld.tensor.name in producers for ld in loads(term)):  # a consumer reads a producer
@@ -279,9 +295,10 @@ def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[st
 ROW_KINDS = ("normal", "normal", "leading_zeros", "zeros", "ties", "monotone", "large", "special", "positive")
 
 
-def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None) -> np.ndarray:
+def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None, finite: bool = False) -> np.ndarray:
     """One row of ``m`` values of a drawn kind, kept to a declared ``sign`` (magnitudes; +inf stays, -inf and
-    NaN become +inf, and a positive row's zeros the smallest normal number)."""
+    NaN become +inf, and a positive row's zeros the smallest normal number) and to ``finite`` (±inf and NaN
+    become ±1000)."""
     kind = draw.choice(ROW_KINDS)
     v = rng.standard_normal(m) * draw.choice([1.0, 3.0])
     if kind == "leading_zeros":
@@ -302,6 +319,8 @@ def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None) -
         v = np.where(np.isnan(v), np.inf, np.abs(v))
         if sign == "positive":
             v = np.where(v == 0.0, np.finfo(np.float32).tiny, v)
+    if finite:
+        v = np.where(np.isfinite(v), v, np.where(v < 0, -1000.0, 1000.0))
     return v
 
 
@@ -318,6 +337,7 @@ def inputs(draw: Draw, c: Cascade, seed: int) -> tuple[dict[str, np.ndarray], di
     np_dtype = np.float64 if c.dtype == "f64" else np.float32
     per_row = int(np.prod(shape[1:]))
     data = {t.name: rng.integers(0, shape[1], shape[0]).astype(np.int32) if t.dtype.is_int else  # gather indices
-            np.stack([row(draw, rng, per_row, t.sign) for _ in range(shape[0])]).reshape(shape).astype(np_dtype)
+            np.stack([row(draw, rng, per_row, t.sign, t.finite) for _ in range(shape[0])]).reshape(shape)
+            .astype(np_dtype)
             for t in c.program.inputs}
     return data, ({"N": shape[0], "M": shape[1]} if c.symbolic else None)

@@ -3,7 +3,8 @@
 Draws case ``k`` as ``fuzz_run.py`` does (``RandomDraw(seed + k)``: the same programs and schedules) but only
 applies the schedule, without checking the result (``fuzz_run.py`` checks).  Prints, over the cases whose
 schedule asks for a fusion: the share in which at least one fusion step applied, the share in which every one
-did, and the share of fusion steps applied; and how many cascades hold a sibling reduction or a declared sign.
+did, and the share of fusion steps applied; and how many cascades hold a sibling reduction, a declared sign or a
+finite input, and how many fused with an auxiliary state.
 Run it with another ``PYTHONPATH`` to compare two versions of polyfuse on the same cascades.
 """
 
@@ -37,20 +38,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    asked = some = every = steps = applied = siblings = signed = 0
+    asked = some = every = steps = applied = siblings = signed = finite = states = 0
     for seed in range(args.seed, args.seed + args.n):
         draw = RandomDraw(seed)
         c = cascade(draw)
         s = schedule(draw, c)
         siblings += _has_sibling(c)
         signed += any(t.sign is not None for t in c.program.inputs)
+        finite += any(t.finite for t in c.program.inputs)
+        states += any(f.repair is not None and f.repair.auxiliaries for f in getattr(s.sch, "fusions", ()))
         if s.fusion_steps[0]:
             asked += 1
             some += s.fusion_steps[1] > 0
             every += s.fusion_steps[1] == s.fusion_steps[0]
             steps += s.fusion_steps[0]
             applied += s.fusion_steps[1]
-    print(f"{args.n} cascades ({siblings} with a sibling reduction, {signed} with a declared input sign); "
+    print(f"{args.n} cascades ({siblings} with a sibling reduction, {signed} with a declared input sign, {finite} "
+          f"with a finite input, {states} fused with an auxiliary state); "
           f"{asked} ask for a fusion: at least one step applied in {some} ({some / max(asked, 1):.1%}), every step "
           f"in {every} ({every / max(asked, 1):.1%}); fusion steps applied {applied} of {steps} "
           f"({applied / max(steps, 1):.1%})")

@@ -1,4 +1,5 @@
-"""Auxiliary accumulators: exact fusion of a sum whose term is a polynomial in its producers.
+"""Auxiliary accumulators: exact fusion of a sum whose term is a polynomial in its producers (or one
+branch by branch of a select, or times a softmax-like exponential).
 
 When no single repair ``h(t, r, r')`` exists (mean → variance: ``g = (c - r)²``
 does not distribute over +), a larger state does.  For ``X = Σ g(r, c)`` with g a
@@ -18,6 +19,18 @@ For ``g = (c - r)²``: ``A_1 = Σ -2(c - r)``, ``A_2 = Σ 1 = n`` and
 with partial states relative to split-local r merged into the global r, Chan's
 parallel formula.  Coefficients that are identically 0 are dropped, equal ones
 share one accumulator (inertia's ``Σ w`` serves all three coordinates).
+
+A select on a condition free of the producers is a polynomial branch by branch, and its Taylor
+coefficients are selects too: ``select(c, x - m, 0)`` has ``A_1 = Σ select(c, -1, 0)``, minus the count of
+the elements where c holds, and ``X' = X + A_1·δ`` (the identities are proven branch by branch).
+:mod:`~polyfuse.transforms.numerics` then asks for finite data: the plain select drops an infinite element,
+the shifted count does not.
+
+A term ``E(r, c)·P(r, c)`` whose exponential factor E rescales by a c-free ``φ = E(r', c)/E(r, c)``
+(``exp(x - m)·(x - m)``: φ = exp(m - m')) and whose P is a polynomial in r gets the same state with
+P's coefficients times E, every component's repair multiplied by φ: the accumulators stay at the
+producers' running scale (a max moves them down only; :mod:`~polyfuse.transforms.numerics` proves
+0 <= φ <= 1), and nothing is recombined by subtraction (``A - m·S`` would cancel).
 
 Each repair ``h_α(t, A, r, r')`` is a :class:`~polyfuse.transforms.repair.Repair`
 whose ``state`` symbols stand for the auxiliary accumulators *before* the update
@@ -77,11 +90,15 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
         return None
     old, new = list(solver.old), list(solver.new)
     g = solver.g
-    if g.has(sympy.Piecewise) or not g.is_polynomial(*old):
-        reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}")
+    scale, e, poly = _scaled_factors(g, old, new, solver.cs)
+    degree = _degree(poly, old)
+    if degree is None:
+        reasons.append(f"no auxiliary accumulators: g = {g} is not a polynomial in {', '.join(map(str, old))}"
+                       + ("" if scale == 1 else f" (nor {e} times one)")
+                       + (", not even branch by branch of a select on a condition free of them"
+                          if g.has(sympy.Piecewise) else ""))
         return None
-    degree = sympy.Poly(g, *old).total_degree()
-    classes = _taylor_classes(g, old, degree)
+    classes = [(alphas, e * t) for alphas, t in _taylor_classes(poly, old, degree)]
     if len(classes) > MAX_AUXILIARIES:
         reasons.append(f"no auxiliary accumulators: g has {len(classes)} Taylor coefficients in the producers "
                        f"(more than {MAX_AUXILIARIES})")
@@ -100,27 +117,86 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
         return out
 
     zero = (0,) * len(old)
-    hs = [solver.t + shifted(zero)] + [solver.t + shifted(alphas[0]) for alphas, _ in classes]
+    hs = [scale * (solver.t + shifted(zero))] + [scale * (solver.t + shifted(alphas[0])) for alphas, _ in classes]
     terms = [g] + [t for _, t in classes]
     failed = _prove(solver, terms, hs, state)
     if failed is not None:
         reasons.append(f"the auxiliary state does not repair exactly: {failed}")
         return None
+    scaled = "" if scale == 1 else (f" times {e}, which every update rescales by {scale} (each accumulator "
+                                    "carries the producer's running scale)")
     proof = (f"no single repair ({'; '.join(reasons)}); g is a polynomial of degree {degree} in "
-             f"{', '.join(map(str, old))}: Taylor's formula is exact, "
+             f"{', '.join(map(str, old))}{scaled}: Taylor's formula is exact, "
              f"so (X, {', '.join(map(str, state))}) transforms by a binomial matrix in δ = r' - r; proven "
              f"symbolically over a sample of {_SAMPLE} elements, and for the split-k combine (partial states at "
              "split-local references, each shifted to r' and added: Chan's parallel formula)")
     auxiliaries = []
     for k, ((alphas, term), h) in enumerate(zip(classes, hs[1:], strict=True)):
         try:
-            ir = from_sympy(sympy.factor(term), solver.table.mapping, solver.dtype)
+            ir = from_sympy(_factored(term), solver.table.mapping, solver.dtype)
         except PolyfuseError as err:
             reasons.append(f"the auxiliary term {term} cannot be written as IR: {err}")
             return None
-        aux_repair = solver._repair(h, proof, g=sympy.factor(term), state=state)
-        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, sympy.factor(term), _why(alphas, old), aux_repair))
+        aux_repair = solver._repair(h, proof, g=_factored(term), state=state)
+        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, _factored(term), _why(alphas, old), aux_repair))
     return solver._repair(hs[0], proof, state=state, auxiliaries=tuple(auxiliaries))
+
+
+def _degree(g: sympy.Expr, old: list[sympy.Symbol]) -> int | None:
+    """g's total degree in the producers ``old`` where g is a polynomial in them, else None.
+
+    A select on a condition free of the producers is a polynomial branch by branch, and so is its
+    Taylor expansion: ``select(c, x - m, 0) = [c]·x - [c]·m`` has the coefficient ``∂g/∂m = select(c, -1, 0)``,
+    whose sum is minus the count of the elements where c holds (the count-based state of a piecewise-linear
+    term).  Where the condition reads a producer (``select(x > m, …)``) the partition moves with it: None.
+    """
+    folded = sympy.piecewise_fold(g) if g.has(sympy.Piecewise) else g
+    if isinstance(folded, sympy.Piecewise):
+        if any(cond.free_symbols & set(old) for _, cond in folded.args):
+            return None
+        branches = [b for b, _ in folded.args]
+    else:
+        branches = [folded]
+    if any(b.has(sympy.Piecewise) or not b.is_polynomial(*old) for b in branches):
+        return None
+    return max(sympy.Poly(b, *old).total_degree() if b.free_symbols & set(old) else 0 for b in branches)
+
+
+def _vanishes(e: sympy.Expr) -> bool:
+    """``e`` is 0, branch by branch where it holds selects (each branch expanded)."""
+    folded = sympy.piecewise_fold(sympy.expand(e)) if e.has(sympy.Piecewise) else sympy.expand(e)
+    if isinstance(folded, sympy.Piecewise):
+        return all(sympy.expand(b) == 0 for b, _ in folded.args)
+    return folded == 0
+
+
+def _scaled_factors(g: sympy.Expr, old: list[sympy.Symbol], new: list[sympy.Symbol],
+                    cs: list[sympy.Symbol]) -> tuple[sympy.Expr, sympy.Expr, sympy.Expr]:
+    """``(φ, E, P)`` with ``g = E·P``: E the product of g's exponential factors, P the rest, and
+    ``E(r', c) = φ·E(r, c)`` with φ free of every c — the running scale of a softmax-like term
+    (``exp(x - m)``: φ = exp(m - m')).  ``(1, 1, g)`` where g has no such factor.
+
+    With P a polynomial in r, ``g(r', c) = φ·E(r, c)·P(r', c)`` and Taylor's formula in P gives the
+    state repair below, every component multiplied by φ: the accumulators ``Σ E·T_β(P)`` are kept
+    at the producers' running scale, as the plain sum ``Σ E`` of a softmax is.
+    """
+    factors = sympy.Mul.make_args(g)
+    exps = [f for f in factors if isinstance(f, sympy.exp) and f.free_symbols & set(old)]
+    if not exps:
+        return sympy.Integer(1), sympy.Integer(1), g
+    e = sympy.Mul(*exps)
+    renew = dict(zip(old, new, strict=True))
+    scale = sympy.powsimp(sympy.expand_power_exp(e.xreplace(renew) / e))
+    scale = sympy.exp(sympy.expand(scale.args[0])) if isinstance(scale, sympy.exp) else scale
+    if scale.free_symbols & set(cs):
+        return sympy.Integer(1), sympy.Integer(1), g
+    return scale, e, sympy.Mul(*[f for f in factors if f not in exps])
+
+
+def _factored(term: sympy.Expr) -> sympy.Expr:
+    """``term`` factored, its exponentials kept whole: ``exp(x - m)``, never ``exp(x)·exp(-m)``,
+    which overflows where the plain program does not."""
+    return sympy.powsimp(sympy.factor(term), combine="exp")
 
 
 def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],
@@ -133,9 +209,11 @@ def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],
             for sym, a in zip(old, alpha, strict=True):
                 d = sympy.diff(d, sym, a) if a else d
             term = sympy.expand(d / math.prod(math.factorial(a) for a in alpha))
-            if term == 0:
+            if term.has(sympy.Piecewise):
+                term = sympy.piecewise_fold(term)
+            if _vanishes(term):
                 continue
-            same = next((c for c in classes if sympy.expand(c[1] - term) == 0), None)
+            same = next((c for c in classes if _vanishes(c[1] - term)), None)
             if same is None:
                 classes.append(([alpha], term))
             else:
@@ -171,8 +249,8 @@ def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[s
     at_old = [total(t) for t in terms]
     values = dict(zip(state, at_old[1:], strict=True))
     for term, value, h in zip(terms, at_old, hs, strict=True):
-        residue = sympy.expand(h.xreplace({solver.t: value, **values}) - value.xreplace(renew))
-        if residue != 0:
+        residue = h.xreplace({solver.t: value, **values}) - value.xreplace(renew)
+        if not _vanishes(residue):
             return f"for the component Σ {term}, h = {h} leaves {residue}"
     # The combine: splits {0, 1} and {2} with references ρ_k of their own.
     parts = (range(0, _SAMPLE - 1), range(_SAMPLE - 1, _SAMPLE))
@@ -181,8 +259,8 @@ def _prove(solver, terms: list[sympy.Expr], hs: list[sympy.Expr], state: tuple[s
     for k, (term, h) in enumerate(zip(terms, hs, strict=True)):
         combined = sum((h.xreplace({solver.t: p[k], **dict(zip(state, p[1:], strict=True)), **ref})
                         for p, ref in zip(partial, refs, strict=True)), sympy.Integer(0))
-        residue = sympy.expand(combined - at_old[k].xreplace(renew))
-        if residue != 0:
+        residue = combined - at_old[k].xreplace(renew)
+        if not _vanishes(residue):
             return f"combining partial states of Σ {term} at split-local references with h = {h} leaves {residue}"
     return None
 

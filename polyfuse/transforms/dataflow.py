@@ -10,7 +10,12 @@ dependences, through map-only (spatial) blocks:
 - a reduction complete where the consumer runs (``qk`` under the key-tile loop, or
   ``qk`` read along the key axis) is an input ``c``;
 - a map block is *on a path* when some producer lies behind it; those blocks are
-  inlined into the consumer (as a copy: other readers keep them).
+  inlined into the consumer (as a copy: other readers keep them);
+- a map block on no such path that runs after the rolling loop's nest (a cast of ``v`` written
+  just before ``o = Σ p·v``, also read by the epilogue) would be read before it is written once
+  the consumer moves into the loop: :func:`bring_maps_before` moves its nest before the loop's
+  where the dependences allow, so that it serves the fused consumer and its other readers alike,
+  and otherwise inlines a copy into the consumer (recomputed there; other readers keep the map).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from polyfuse.ir.expr import Expr, Var
 from polyfuse.ir.stmt import Block, IterVar, Loop, Program, Seq, Stmt
 from polyfuse.ir.visit import free_vars, seq
 from polyfuse.transforms.inline import compute_inline
-from polyfuse.transforms.tree import block_path, blocks_under, loops_of
+from polyfuse.transforms.tree import block_path, blocks_under, find_loop, loops_of
 
 
 @dataclass(frozen=True)
@@ -172,6 +177,61 @@ def inline_paths(program: Program, consumer: str, maps: tuple[str, ...]) -> Prog
     return program
 
 
+def producers_in_place(program: Program, consumer: str, loop_block: str, loop: str,
+                       what: str) -> tuple[Program, Producers]:
+    """Step 1 of both fusions: the producers of ``consumer`` (:func:`find_producers`), the maps on their paths
+    inlined into it (:func:`inline_paths`), and the maps it reads after the loop's nest brought before it
+    (:func:`bring_maps_before`).  A nest moved there may hold a reduction, complete before the loop now: the
+    producers are found again on the moved program (the record keeps every map inlined)."""
+    found = find_producers(program, consumer, find_loop(program, loop_block, loop))
+    program = inline_paths(program, consumer, found.maps)
+    moved = bring_maps_before(program, consumer, loop_block, loop, what)
+    if moved is program:
+        return program, found
+    again = find_producers(moved, consumer, find_loop(moved, loop_block, loop))
+    return inline_paths(moved, consumer, again.maps), Producers(again.reductions, found.maps + again.maps)
+
+
+def bring_maps_before(program: Program, consumer: str, loop_block: str, loop: str, what: str) -> Program:
+    """``program`` with every map block that ``consumer`` reads and that runs in a top-level nest after the
+    one holding ``loop`` (and before the consumer's) moved, with its whole nest, before that nest, or, where
+    a dependence forbids the move (the nest reads what a statement in between writes), inlined as a copy into
+    ``consumer``.
+
+    The move is checked like any other step (:func:`~polyfuse.transforms.verify.verify`); the copy is
+    ``compute_inline(into=[consumer])``, whose checks apply.  A map that reads a producer reduction is on a
+    producer path and is handled by :func:`inline_paths`, before this.
+    """
+    from polyfuse.transforms.verify import verify
+
+    for _ in range(sum(1 for _ in program.blocks())):
+        top = list(program.body.stmts) if isinstance(program.body, Seq) else [program.body]
+        at, end = _top_index(program, find_loop(program, loop_block, loop)), _top_index(program, consumer)
+        reads = {ld.tensor.name for ld in _consumer_loads(program.block(consumer))}
+        late = [b for b in program.blocks() if b.reducer is None and b.store.tensor.name in reads
+                and at < _top_index(program, b.name) < end]
+        if not late:
+            return program
+        m = late[0]
+        k = _top_index(program, m.name)
+        nest = [b.name for b in blocks_under(top[k])]
+        moved = program.replace(body=seq(*top[:at], top[k], *top[at:k], *top[k + 1:]))
+        try:
+            program = verify(program, moved, what=f"{what}: moving map block {m.name!r} before loop {loop!r}",
+                             moved=nest)
+            continue
+        except IllegalTransform:
+            pass  # its nest reads what runs in between: recompute the map in the consumer instead
+        try:
+            program = compute_inline(program, block=m.name, into=[consumer])
+        except IllegalTransform as err:
+            raise IllegalTransform(
+                f"{what}: block {consumer!r} reads {m.store.tensor.name!r}, which map block {m.name!r} writes after "
+                f"loop {loop!r}; it can neither move before that loop's nest (a dependence forbids it) nor be "
+                f"inlined into {consumer!r}: {err}") from None
+    return program
+
+
 def _consumer_loads(block: Block):
     from polyfuse.ir.visit import loads
 
@@ -228,7 +288,7 @@ def naive_fuse_aligned(program: Program, *, block: str, producers: list[str], lo
     """
     from polyfuse.ir.visit import loads
     from polyfuse.transforms.compute_at import own_nest
-    from polyfuse.transforms.tree import find_loop, replace_node
+    from polyfuse.transforms.tree import replace_node
 
     consumer = program.block(block)
     anchor, aligned = _anchor(program, consumer, producers, loop, what)

@@ -220,7 +220,14 @@ class _Checker:
                 decays = True
                 identity_safe, first_safe = self._finite_at_identity(q, False), self._finite_at_identity(q, True)
             else:
+                scale = sympy.diff(self.space.sym(h_ir), self.space.t)
+                if self.repair.state and scale != 1:
+                    # A scaled state repair (softmax-like terms, see auxiliary._scaled_factors) rescales
+                    # every accumulator by the same factor: it must decay, like t·Q's.
+                    self._decay(scale)
                 self._references()
+                if self.repair.state:
+                    self._selects_see_finite_data()
                 # A state repair has no identity guard G: at a rolling loop's first step its state is
                 # empty (h is t in real arithmetic), but δ from the saved placeholder can be infinite
                 # (a producer overflowed at once) and 0·inf is NaN, so that step keeps t.
@@ -245,6 +252,25 @@ class _Checker:
                 "one): the shift would cancel catastrophically or meet inf - inf")
         self.notes.append("every producer's running value stays near its final one (a max or min, a plain sum "
                           "read through its running estimate, a sum rescaled by a decaying repair)")
+
+    def _selects_see_finite_data(self) -> None:
+        """A state repair of a term with a select (``select(c, x - m, 0)``) needs finite data: the plain term
+        drops an element where c is false whatever x is, but the count state shifts every counted element by
+        ``δ = m' - m``, which is ±inf or NaN once an infinite element reaches a producer (``inf - inf``), and a
+        NaN kept out of the plain sum by the select reaches the fused one."""
+        if not self.g.has(sympy.Piecewise):
+            return
+        producers = set(self.space.new.values()) | set(self.space.old.values())
+        syms = set(self.g.free_symbols) - producers
+        for p in self.p.values():
+            syms |= (p.free_symbols - producers) if p is not None else set()
+        loose = sorted(str(x) for x in syms - self.space.finite_symbols - _integers(syms))
+        if loose:
+            raise NoRepairFound(
+                f"the state repair of g = {self.g} shifts every element its select counts by the producers' change, "
+                f"which is not finite once {' or '.join(loose)} holds ±inf or NaN (the plain select drops such an "
+                "element, the shifted count does not); declare the inputs finite=True")
+        self.notes.append("the data a select's count state reads are declared finite")
 
     def _finite_at_identity(self, q: sympy.Basic, everywhere: bool) -> bool:
         """h maps the consumer's identity to itself without a guard: Q is finite (and, for a max or min
@@ -637,19 +663,26 @@ def _number(reducer: str) -> sympy.Basic:
 
 def _at_term_value(g: sympy.Basic, p: sympy.Basic, value: sympy.Basic) -> sympy.Basic | None:
     """g where the producer's own term p takes ``value`` (±∞), or None if that cannot be told: p is
-    replaced where it occurs whole, else solved for one of its symbols; then the limit."""
+    replaced where it occurs whole, else solved for one of its symbols; then the limit.  Where floating
+    point evaluates g at ±∞ to NaN (``exp(p - m)·(p - m)``: 0·∞), NaN, whatever the limit: the plain
+    program computes that NaN."""
     pi = sympy.Dummy("p", real=True)
     replaced = g.xreplace({p: pi})
     if pi in replaced.free_symbols and not (replaced.free_symbols & p.free_symbols):
-        return sympy.limit(replaced, pi, value)
+        return _ieee_limit(replaced, pi, value)
     for x in sorted(p.free_symbols, key=str):
         solutions = sympy.solve(sympy.Eq(p, pi), x)
         if len(solutions) != 1:
             continue
         at = g.xreplace({x: solutions[0]})
         if x not in at.free_symbols and pi in at.free_symbols:
-            return sympy.limit(at, pi, value)
+            return _ieee_limit(at, pi, value)
     return None
+
+
+def _ieee_limit(g: sympy.Basic, pi: sympy.Symbol, value: sympy.Basic) -> sympy.Basic:
+    direct = g.xreplace({pi: value})
+    return sympy.nan if direct.has(sympy.nan, sympy.zoo) else sympy.limit(g, pi, value)
 
 
 def _hazards(e: Expr) -> Iterator[tuple[str, Expr, str, bool]]:

@@ -5,7 +5,8 @@ loop L (which encloses B), breaking the temporal dependences from its producer
 reductions and repairing C with the solver's ``h``:
 
   1. dataflow: the producer reductions of C and the map blocks between them
-     (:mod:`~polyfuse.transforms.dataflow`); those maps are inlined into C (a copy);
+     (:mod:`~polyfuse.transforms.dataflow`); those maps are inlined into C (a copy); a map C
+     reads that runs after L's nest moves before it (or is recomputed in C where it cannot);
   2. every producer not yet under L is placed there (``reverse_compute_at``, fully
      checked); L must start each element of a producer's reduction in its first iteration
      and hold all of it (:mod:`~polyfuse.transforms.fusion_loops`);
@@ -73,7 +74,7 @@ from polyfuse.ir.visit import free_vars, loads, seq
 from polyfuse.transforms.auxiliary import add_auxiliary_blocks, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, reverse_compute_at
 from polyfuse.transforms.dataflow import (
-    body_children, child_containing, find_producers, inline_paths, insert_into, naive_fuse_aligned, rolled_by,
+    body_children, child_containing, insert_into, naive_fuse_aligned, producers_in_place, rolled_by,
     spatial_loops_between, under,
 )
 from polyfuse.transforms.fusion_common import (
@@ -98,8 +99,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     notes: tuple[str, ...] = ()
 
     # Step 1. Producers, and the map blocks between them and the consumer.
-    found = find_producers(program, block, find_loop(program, loop_block, loop))
-    program = inline_paths(program, block, found.maps)
+    program, found = producers_in_place(program, block, loop_block, loop, what)
 
     # Step 2. Producers under the rolling loop, in program order.
     order = [b.name for b in program.blocks()]

@@ -11,7 +11,10 @@ block ``block``", so handles stay meaningful across steps and in a printed trace
 A handle follows its block when a later step privatizes it (``split_k_update``, ``rfactor``,
 a ``rolling_update`` over tiles): the reduction then runs in its partial ``B_rf`` while ``B``
 becomes the combine of the partials, so a handle ``(B, n)`` taken before that step means
-``(B_rf, n)`` after it (where ``B_rf`` has a loop ``n``), and the trace records it so.
+``(B_rf, n)`` after it (where ``B_rf`` has a loop ``n``), and the trace records it so.  A handle
+that no step can carry over — a loop that ``split`` or ``tile`` replaced, a block a fusion inlined,
+``sch.loop("B", n)`` written after ``B`` became a combine — raises :class:`IllegalTransform` saying which
+step changed it and the name to use now (:mod:`~polyfuse.transforms.handles` lists how each step renames).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from polyfuse.transforms.annotate import bind as _bind
 from polyfuse.transforms.annotate import set_warps as _set_warps
 from polyfuse.transforms.compact import outside_allocation
 from polyfuse.transforms.fuse import fuse as _fuse
+from polyfuse.transforms.handles import StepNames, stale_block, stale_loop, step_names
 from polyfuse.transforms.reorder import reorder as _reorder
 from polyfuse.transforms.split import split as _split
 from polyfuse.transforms.tile import tile as _tile
@@ -128,7 +132,7 @@ class Schedule:
         self._program = program
         self._trace = Trace()
         self._fusions: list = []
-        self._privatized: list[dict[str, str]] = []  # per step: block -> its partial block created by the step
+        self._names: list[StepNames] = []  # per step: the block and loop names it changed
 
     # ------------------------------------------------------------ state
     @property
@@ -151,7 +155,8 @@ class Schedule:
         """``name`` if the program has such a block (IllegalTransform listing the blocks otherwise)."""
         if name not in {b.name for b in self._program.blocks()}:
             known = ", ".join(b.name for b in self._program.blocks())
-            raise IllegalTransform(f"program {self._program.name!r} has no block {name!r}; blocks: {known}")
+            raise IllegalTransform(f"program {self._program.name!r} has no block {name!r}; blocks: {known}"
+                                   f"{stale_block(self._names, name)}")
         return name
 
     def get_loops(self, block: str) -> list[LoopRef]:
@@ -164,7 +169,8 @@ class Schedule:
             if ref.name == name:
                 return ref
         names = ", ".join(r.name for r in self.get_loops(block)) or "none"
-        raise IllegalTransform(f"block {block!r} is not inside a loop named {name!r}; its loops: {names}")
+        raise IllegalTransform(f"block {block!r} is not inside a loop named {name!r}; its loops: {names}"
+                               f"{stale_loop(self._names, block, name, exists=self._has_loop)}")
 
     # ------------------------------------------------------------ replay
     def replay(self, trace: Trace | str) -> Schedule:
@@ -195,11 +201,10 @@ class Schedule:
             raise IllegalTransform(f"sch.{primitive}: after it, {stray} outside the loop where compact_buffers "
                                    "allocated it (the tensor exists only per iteration of that loop); apply "
                                    f"{primitive} before compact_buffers")
-        before = {b.name for b in self._program.blocks()}
-        self._privatized.append({b: f"{b}_rf" for b in before if f"{b}_rf" not in before and any(
-            x.name == f"{b}_rf" for x in program.blocks())})
+        step = Step(primitive, tuple(args.items()))
+        self._names.append(step_names(self._program, program, step.python()))
         self._program = program
-        self._trace.steps.append(Step(primitive, tuple(args.items())))
+        self._trace.steps.append(step)
         return result
 
     def _current(self, ref: Any) -> Any:
@@ -210,11 +215,22 @@ class Schedule:
         if not isinstance(ref, LoopRef) or ref.taken is None:
             return ref
         block = ref.block
-        for moved in self._privatized[ref.taken:]:
-            partial = moved.get(block)
-            if partial is not None and any(lp.var.name == ref.name for lp in loops_of(self._program, partial)):
+        for names in self._names[ref.taken:]:
+            partial = names.privatized.get(block)
+            if partial is not None and self._has_loop(partial, ref.name):
                 block = partial
+        if not self._has_loop(block, ref.name):
+            why = stale_loop(self._names, block, ref.name, since=ref.taken, exists=self._has_loop) or (
+                stale_block(self._names, block))
+            raise IllegalTransform(f"the handle sch.loop({ref.block!r}, {ref.name!r}), taken after {ref.taken} "
+                                   f"step(s), no longer names a loop{why or ': its block has no such loop now'}")
         return LoopRef(block, ref.name, len(self._trace))
+
+    def _has_loop(self, block: str, name: str) -> bool:
+        """True if the current program has a block ``block`` inside a loop named ``name``."""
+        if block not in {b.name for b in self._program.blocks()}:
+            return False
+        return any(lp.var.name == name for lp in loops_of(self._program, block))
 
     # ------------------------------------------------------------ loop primitives
     @_follows_handles

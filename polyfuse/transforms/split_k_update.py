@@ -6,7 +6,8 @@ and a repaired combine (Neptune Alg. 2, FlashDecoding-like).
 global combine of a privatized reduction, B's local block ``B_rf`` stands for it, so one
 loop reference serves every consumer of a chain):
 
-  1. dataflow: producers of C and the map blocks between them, inlined into C (copy);
+  1. dataflow: producers of C and the map blocks between them, inlined into C (copy); a map C
+     reads that runs after L's nest moves before it (or is recomputed in C where it cannot);
   2. every producer is privatized over L: its local nest ``P_rf`` computes one partial
      result per iteration of L (``X_P_rf[..., t]``) and its global nest ``P`` combines
      them after L; a producer privatized by an earlier call is reused;
@@ -75,7 +76,7 @@ from polyfuse.ir.visit import loads, map_expr, seq
 from polyfuse.transforms.auxiliary import add_auxiliary_blocks, add_sibling_sums, estimate, plain_sum, with_references
 from polyfuse.transforms.compute_at import naive_reverse_compute_at, own_nest, reverse_compute_at
 from polyfuse.transforms.dataflow import (
-    body_children, child_containing, find_producers, inline_paths, naive_fuse_aligned, rolled_by, under,
+    body_children, child_containing, naive_fuse_aligned, producers_in_place, rolled_by, under,
 )
 from polyfuse.transforms.fusion_common import (
     Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
@@ -103,8 +104,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
 
     # Step 1. Producers (a privatized producer is found through its global combine).
     loop_block = _split_anchor(program, loop_block, loop)
-    found = find_producers(program, block, find_loop(program, loop_block, loop))
-    program = inline_paths(program, block, found.maps)
+    program, found = producers_in_place(program, block, loop_block, loop, what)
     order = [b.name for b in program.blocks()]
     producers = sorted(found.reductions, key=order.index)
 
