@@ -55,6 +55,7 @@ comparison) rules 2 and 3 accept any finite value, and rule 1 any class where ``
 
 from __future__ import annotations
 
+import functools
 import re
 import traceback
 from collections import Counter
@@ -254,7 +255,8 @@ def check_schedule(plain: Program, scheduled: Program, input_sets: Sequence[Inpu
     """Check ``scheduled`` against ``plain`` on every input set (rules 1-4 of the module docstring).
 
     ``backends`` picks the stages after the scheduled program's interpreter: ``tile`` (translate and run
-    the tile program), ``cpp`` (build the host C++ kernel with ``-Werror`` and run it).
+    the tile program), ``cpp`` (build the host C++ kernel with ``-Werror`` and run it), ``cuda`` (the same
+    for the GPU kernel, on a machine with one: its reductions run in another order, which rule 4 covers).
     """
     report = Report()
     sizes = sizes or [None] * len(input_sets)
@@ -267,19 +269,24 @@ def check_schedule(plain: Program, scheduled: Program, input_sets: Sequence[Inpu
             report.findings.append(found)
         else:
             runners["tile"] = lambda inputs, sz: tiling.interpret(tp, inputs, sz)
-    if "cpp" in backends and "tile" in runners:
-        from polyfuse.pipeline import build
+    for backend in ("cpp", "cuda"):
+        if backend in backends and "tile" in runners:
+            from polyfuse.pipeline import build
 
-        kernel, found = guarded("cpp", lambda: build(scheduled, "cpp", werror=True))
-        if found:
-            report.findings.append(found)
-        else:
-            runners["cpp"] = lambda inputs, sz: kernel.run(inputs, **(sz or {}))  # type: ignore[attr-defined]
+            kernel, found = guarded(backend, lambda: build(scheduled, backend, werror=True))  # noqa: B023
+            if found:
+                report.findings.append(found)
+            else:
+                runners[backend] = functools.partial(_run, kernel)
     seen: set[str] = set()
     for inputs, sz in zip(input_sets, sizes, strict=True):
         if not _check_inputs(report, plain, scheduled, inputs, sz, runners, seen):
             break
     return report
+
+
+def _run(kernel, inputs: Inputs, sizes: Mapping[str, int] | None) -> dict:
+    return kernel.run(inputs, **(sizes or {}))
 
 
 def _check_inputs(report: Report, plain: Program, scheduled: Program, inputs: Inputs,

@@ -233,3 +233,49 @@ def test_refusal_already_under_and_self():
     sch.fuse_siblings("s_ny", sch.loop("s_nx", "j"))
     with pytest.raises(IllegalTransform, match="already under loop 'j'"):
         sch.fuse_siblings("s_ny", sch.loop("s_nx", "j"))
+
+
+def _cuda_or_skip() -> None:
+    from polyfuse.errors import BackendUnavailable
+    from polyfuse.runtime.loaders import loader
+
+    try:
+        loader("cuda")
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+
+
+def _cosine_rolled(n: int, m: int) -> Schedule:
+    sch = Schedule(cosine(n, m))
+    sch.fuse_siblings("s_ny", sch.loop("s_nx", "j"))
+    sch.rolling_update("s_d", sch.loop("s_nx", "j"))
+    return sch
+
+
+def _cascades_tiled(n: int, m: int) -> Schedule:
+    sch = Schedule(softmax_and_rms(n, m))
+    sch.split(sch.loop("s_max", "j"), [None, 4])
+    for b in ("s_sum", "s_sq", "s_amax"):
+        sch.rolling_update(b, sch.loop("s_max", "j_0"))
+    return sch
+
+
+def _tile_siblings(n: int, m: int) -> Schedule:
+    sch = Schedule(tile_stats(n, m))
+    for b in ("s_lo", "s_tot"):
+        sch.fuse_siblings(b, sch.loop("s_hi", "k"))
+    return sch
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("make", [_cosine_rolled, _cascades_tiled, _tile_siblings],
+                         ids=["cosine", "two_cascades_tiled", "tile_siblings"])
+@pytest.mark.parametrize("n, m", [(1, 1), (3, 13), (5, 37)])
+def test_sibling_programs_run_on_the_gpu(make, n, m):
+    # The CUDA kernel of each sibling-fused program against the plain program (the differential oracle's rules:
+    # within the bounds of both, non-finite classes kept) on every input kind, sizes 1 and primes.
+    _cuda_or_skip()
+    sch = make(n, m)
+    plain = sch.original
+    report = check_schedule(plain, sch.program, [_inputs(plain, seed) for seed in range(3)], backends=("tile", "cuda"))
+    assert not report.findings, "\n".join(f.line() for f in report.findings)

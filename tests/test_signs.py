@@ -169,3 +169,43 @@ def test_promises_are_traced_and_checked_for_form():
                                                r"p.input\('x', …, sign='positive'\)")]:
         with pytest.raises(IllegalTransform, match=pattern):
             Schedule(plain).rolling_update("s_sum", Schedule(plain).loop("s_max", "j"), signs=signs)
+
+
+def _signed_schedules():
+    """Three programs whose fusion a sign fact makes legal: q's repair needs the rolled sum s >= 0 (through its
+    temporary), the same over splits, and a max consumer rescaled by a declared-positive input's max."""
+    rolled = _fused("roll")
+    rolled.rolling_update("s_q", rolled.loop("s_max", "j"))
+    split = _fused("split_k")
+    ratio = Schedule(max_ratio("positive"))
+    ratio.rolling_update("s1", ratio.loop("s0", "j"))
+    return {"rolled": rolled, "split_k": split, "declared": ratio}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["rolled", "split_k", "declared"])
+def test_sign_enabled_fusions_run_on_the_gpu(name):
+    from polyfuse.differential import check_schedule
+    from polyfuse.errors import BackendUnavailable
+    from polyfuse.pipeline import build
+
+    sch = _signed_schedules()[name]
+    plain = sch.original
+    rng = np.random.default_rng(11)
+    sets = []
+    for scale in (1.0, 1e-30, 1e30):
+        inputs = {t.name: rng.standard_normal(tuple(int(d.value) for d in t.shape)) * scale for t in plain.inputs}
+        if name == "declared":
+            inputs = {k: np.abs(v) + scale for k, v in inputs.items()}
+        sets.append(inputs)
+    try:
+        kernel = build(sch.program, "cuda", werror=True)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    report = check_schedule(plain, sch.program, sets, backends=("tile", "cuda"))
+    assert not report.findings, "\n".join(f.line() for f in report.findings)
+    if name == "declared":
+        bad = {"x": sets[0]["x"].copy()}
+        bad["x"][1, 3] = -1.0
+        with pytest.raises(PolyfuseError, match=r"input 'x' is declared sign='positive', but its element \[1, 3\]"):
+            kernel.run(bad)
