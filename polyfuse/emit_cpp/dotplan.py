@@ -40,6 +40,7 @@ from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import Cast, Const, Expr, Select, Var
 from polyfuse.ir.stmt import INPUT, Tensor
 from polyfuse.tiling.htile import Broadcast, Dot, Permute, Slice, TileLoad, axes_of, depends_on, walk_tile_expr
+from polyfuse.transforms.ranges import ValueRange
 
 LOW = {"f16": "f16", "bf16": "bf16"}
 VEC16 = 8
@@ -81,6 +82,8 @@ class Frame:
     """The operands staged here lie in 128-byte-swizzled panels (:class:`Staged`), for warpgroup products."""
     registers_per_sm: int = 65536
     """The device's register file (:class:`~polyfuse.device.DeviceSpec`)."""
+    ranges: Mapping[str, ValueRange] = dataclasses.field(default_factory=dict)
+    """The range facts of the tile program's tensors by name (:attr:`~polyfuse.tiling.htile.TileProgram.ranges`)."""
 
     def at(self, sizes: Mapping[str, int]) -> Frame:
         return dataclasses.replace(self, sizes=dict(sizes))

@@ -161,7 +161,7 @@ def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], h
     shared: list[Expr] = []
     try:
         for s in body:
-            for v in fl.shared:
+            for v in fl.row_values:
                 if v.before == s.block:
                     _shared_value(em, fl, held, v)
                     shared += v.nodes
@@ -427,7 +427,10 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
 
 def _shared_value(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], v: SharedValue) -> None:
     """Compute shared value ``v`` into its registers; statements read it from there (an override)."""
-    em.line(f"// computed once for the statements that use it: {v.register}")
+    if any(r.register == v.register for r in fl.reciprocals):
+        em.line(f"// the reciprocal of a divisor, once per row (the plan's range fact): {v.register}")
+    else:
+        em.line(f"// computed once for the statements that use it: {v.register}")
     em.line(f"float {v.register}{f'[{v.cols // 8}][4]' if v.col is not None else '[2]'};")
     node = v.nodes[0]
     env = {a: axis_var(a) for a in axes_of(node)}

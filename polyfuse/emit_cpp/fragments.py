@@ -65,7 +65,9 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from polyfuse.emit_cpp import reciprocal
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
+from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
 from polyfuse.emit_cpp.dotplan import (
@@ -209,6 +211,15 @@ class FragmentLoop:
     barriers: str | None = None
     """With a producer warpgroup (:func:`_producer`): the shared array of its four mbarriers, ``full`` of the
     two stages (their copies landed) then ``empty`` (every computing thread is done with them)."""
+    reciprocals: tuple[Reciprocal, ...] = ()
+    """Each division that a product takes as its register operand: multiplied by a reciprocal computed once per
+    row where that is proven within the tolerance, else divided (:mod:`~polyfuse.emit_cpp.reciprocal`)."""
+
+    @property
+    def row_values(self) -> tuple[SharedValue, ...]:
+        """The values computed once per iteration before a statement: shared ones, then the reciprocals."""
+        return self.shared + tuple(SharedValue((r.inverse,), r.register, r.block, r.row, None, 0)
+                                   for r in self.reciprocals if r.inverse is not None and r.register and r.row)
 
     @property
     def producer(self) -> bool:
@@ -259,6 +270,8 @@ class FragmentLoop:
         for v in self.shared:
             lines.append(f"computed once per iteration before {v.before}: {v.register} "
                          f"({'a tile' if v.col is not None else 'a row value'} that several statements use)")
+        for r in self.reciprocals:
+            lines.append(r.describe())
         if self.epilogue:
             lines.append("after the loop, from registers: " + ", ".join(e.block for e in self.epilogue))
         return lines
@@ -582,6 +595,8 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name],
                       initial.get(name, 0.0))
                  for name, (rd, cd, cols) in shape.dims.items())
+    values, reciprocals = reciprocal.plan(frame, body, {s.block: shape.axes[s.block][0] for s in body}, shape.dims,
+                                          values, fresh)
     stmts: dict[str, FragmentStmt] = {}
     buffers: list[tuple[str, int]] = []
     for s in body:
@@ -641,7 +656,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     if prefetch:
         buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
     result = FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
-                          shared)
+                          shared, reciprocals=reciprocals)
     if _producer(frame, loop, shape):
         if not (frame.swizzle and result.warpgroups and prefetch and set(sources) <= {"cp.async", "kept", "registers"}):
             raise InternalError(f"loop {loop.var.name}: a producer warp was planned for it, but its products or "

@@ -59,6 +59,10 @@ class CodegenOptions:
     warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows;
     ``warpgroup_width`` (64 or 128) is the most columns of ``b`` one warpgroup product takes (a wider one reads
     its ``a`` once for more columns: less shared-memory traffic per multiply-add).
+    ``reciprocal_operands``: there, a product operand ``x / d`` rounded once to 16 bits, ``d`` a row value of
+    proven range (a softmax denominator, in ``[1, n]``), is ``x · (1/d)`` with ``1/d`` once per row
+    (:mod:`~polyfuse.emit_cpp.reciprocal`: relative ``2^-23 + 2^-48`` before the rounding, in the tolerance
+    notes); off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
@@ -98,6 +102,7 @@ class CodegenOptions:
     fragment_loops: bool = True
     fragment_min_rows: int = 32
     round_operands: bool = True
+    reciprocal_operands: bool = True
     prefetch: bool = True
     reduce_chains: int = 4
     warpgroup_products: bool = True

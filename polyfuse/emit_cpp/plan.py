@@ -183,6 +183,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     """The plan of every kernel of ``gpu`` (kernels named ``{entry}_k{n}``) for ``device``."""
     tensors = {t.name: t for t in gpu.program.tensors}
     shared_names = frozenset(n for nest in gpu.nests for n in nest.shared)
+    ranges = {r.name: r for r in gpu.program.ranges}
 
     wgmma = tensor_cores and device.wgmma and options.warpgroup_products
 
@@ -193,7 +194,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
         if warps is None:
             default = Frame({}, device.default_warps * device.warp_size, device.warp_size, tensor_cores, options,
                             tensors, shared_names, {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
-                            registers_per_sm=device.registers_per_sm)
+                            registers_per_sm=device.registers_per_sm, ranges=ranges)
             warps = next((w for lp in walk_tile_stmts(nest.body) if isinstance(lp, Loop)
                           if (w := fragments.warps_for(default, lp)) is not None), device.default_warps)
         return warps * device.warp_size
@@ -201,7 +202,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     def frame_of(nest: GridNest) -> Frame:
         return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
                      tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
-                     registers_per_sm=device.registers_per_sm)
+                     registers_per_sm=device.registers_per_sm, ranges=ranges)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels: list[KernelPlan] = []

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from polyfuse.errors import InternalError
 from polyfuse.ir import dtypes as dt
@@ -29,6 +30,9 @@ from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Load, Select, Var
 from polyfuse.ir.printer import expr_to_str
 from polyfuse.ir.stmt import OUTPUT, Loop, Seq, Stmt, Tensor
 from polyfuse.ir.visit import children, with_children
+
+if TYPE_CHECKING:
+    from polyfuse.transforms.ranges import ValueRange
 
 REDUCE_OPS = ("sum", "prod", "max", "min", "or")
 
@@ -191,6 +195,9 @@ class TileProgram:
     params: tuple[Var, ...]
     tensors: tuple[Tensor, ...]
     body: Stmt
+    ranges: tuple[ValueRange, ...] = ()
+    """Range facts the loop program proves about its tensors' values (:mod:`polyfuse.transforms.ranges`): the
+    tile passes keep every value, so the code generator may rely on them."""
 
     @property
     def outputs(self) -> tuple[Tensor, ...]:

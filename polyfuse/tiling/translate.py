@@ -35,6 +35,7 @@ from polyfuse.tiling.htile import (
 )
 from polyfuse.tiling.reconcile import permute, reconcile_dim_order, union_order, unify
 from polyfuse.tiling.relax import bounds, relax_access
+from polyfuse.transforms.ranges import value_ranges
 
 _COMBINE_OP = {"sum": "+", "prod": "*", "max": "max", "min": "min"}
 
@@ -43,7 +44,8 @@ def to_tiles(program: Program) -> TileProgram:
     """Translate every tileable nest of ``program`` into tile statements (see module docstring); the
     reductions a loop of zero trips would skip get their init first (:mod:`polyfuse.ir.empty`)."""
     program = init_empty_reductions(program)
-    return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}, {}))
+    return TileProgram(program.name, program.params, program.tensors, _stmt(program.body, {}, {}),
+                       value_ranges(program))
 
 
 def _static(e: Expr) -> int | None:
