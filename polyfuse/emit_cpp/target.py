@@ -65,7 +65,8 @@ class Arg:
     """One array argument of a kernel: its tensor name, role, shape and dtype, and what an input
     promises about its values (``sign``, ``finite``: see :class:`~polyfuse.ir.stmt.Tensor`).
 
-    ``shape`` entries are ints or the names of size parameters.
+    ``shape`` entries are ints, the names of size parameters, or the text of an expression of them (a scratch
+    array of a tiled loop: ``ceil(M / 4)`` partials), whose value the runtime computes from ``extents``.
     """
 
     name: str
@@ -74,6 +75,7 @@ class Arg:
     dtype: DType
     sign: str | None = None
     finite: bool = False
+    extents: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -140,4 +142,4 @@ def arg_of(t: Tensor) -> Arg:
             return d.name
         return str(d)
 
-    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype, t.sign, t.finite)
+    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype, t.sign, t.finite, tuple(t.shape))

@@ -249,7 +249,10 @@ def _c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
 
 
 def _shape(spec: Arg, sizes: Mapping[str, int]) -> tuple[int, ...]:
-    return tuple(d if isinstance(d, int) else sizes[d] for d in spec.shape)
+    """The array's shape at ``sizes``: a dimension that is an expression of them (scratch of a tiled loop over a
+    size parameter) is evaluated."""
+    return tuple(d if isinstance(d, int) else sizes[d] if d in sizes else evaluate(e, sizes)
+                 for d, e in zip(spec.shape, spec.extents or spec.shape, strict=True))
 
 
 def _check(d: _Device, spec: Arg, sizes: Mapping[str, int]) -> None:
