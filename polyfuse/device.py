@@ -39,8 +39,6 @@ class DeviceSpec:
     max_threads_per_block: int = 1024
     threads_per_sm: int = 2048
     """Most threads resident on one SM (2048 on sm_80/sm_90 and on CDNA's 32 wavefronts of 64)."""
-    max_blocks_per_sm: int = 32
-    """Most blocks resident on one SM whatever their size (32 on sm_80/sm_90)."""
     mma_sync: bool = False
     cp_async: bool = False
     tma: bool = False

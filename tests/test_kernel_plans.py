@@ -15,7 +15,7 @@ import pytest
 
 from polyfuse import ops
 from polyfuse.device import PRESETS, preset
-from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan, onchip, rowstream
+from polyfuse.emit_cpp import CUDA, HIP, Target, emit, gpu_plan, onchip
 from polyfuse.emit_cpp.dotplan import (
     BLOCK_REDUCE, FMA, M16N8, MMA_SYNC, PANEL, PER_OUTPUT, WGMMA, DotPlan, LdmatrixFragment,
 )
@@ -82,17 +82,12 @@ def test_every_dot_plan_is_consistent(name, mode, arch):
         warps = (-(-fragments[0].rows // 16) + 4 * fragments[0].producer if fragments
                  else k.nest.warps or on_chip or device.default_warps)
         assert k.threads == warps * 32 or k.nest.kind == "map"
-        streamed = rowstream.of(k)
-        if streamed is not None:
-            # rows streamed through the blocks: as many as the registers of the row tiles and the next row allow
-            assert k.blocks_per_sm == streamed.blocks_per_sm and streamed.grid == device.sms * k.blocks_per_sm
-            assert k.min_blocks == (k.blocks_per_sm if k.blocks_per_sm > 1 else None)
-        elif k.nest.kind != "map":
+        if k.nest.kind != "map":
             # by shared memory; a loop in warp fragments also bounds the blocks by its registers
             by_registers = min((65536 // (k.threads * f.registers) for f in fragments), default=None)
             expected = device.blocks_per_sm(k.peak)
             assert k.blocks_per_sm == (expected if by_registers is None else min(expected, max(1, by_registers)))
-        if k.min_blocks is not None and streamed is None:
+        if k.min_blocks is not None:
             assert 1 < k.min_blocks == k.blocks_per_sm <= CodegenOptions().min_blocks
     for d in _dots(plan):
         assert d.instruction in (MMA_SYNC, FMA, BLOCK_REDUCE, PER_OUTPUT)  # (wgmma needs wider tiles)

@@ -34,7 +34,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-from polyfuse.emit_cpp import fold, fragment_emit, onchip, presplit, registers, resident, rows, rowstream, stream
+from polyfuse.emit_cpp import fold, fragment_emit, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -520,18 +520,20 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
         self.line("(void)pf_tid;")
         blocks: Expr = Const(1, dt.i64)
-        streamed = rowstream.of(plan)
         if nest.chain:
-            if streamed is None:
-                self.decode_grid(plan, "blockIdx.x", "pf_bid", {})
+            # Block index to grid loop values, the last loop fastest; the plan's heavy_first loop slowest and
+            # from its last value (any order is the program's: the grid loops' iterations are independent).
+            self.line("int64_t pf_bid = blockIdx.x;")
+            heavy = [lp for lp in nest.chain if lp.var.name == plan.heavy_first]
+            for lp in [*reversed([lp for lp in nest.chain if lp not in heavy]), *heavy]:
+                ext = self.scalar(lp.extent, {})
+                t = self.widths.loop
+                value = f"({ext} - 1) - pf_bid % {ext}" if lp in heavy else f"pf_bid % {ext}"
+                self.line(f"const {t} {lp.var.name} = static_cast<{t}>({value});")
+                self.line(f"pf_bid /= {ext};")
             for lp in nest.chain:
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)
-        if streamed is not None:
-            rowstream.emit(self, plan)
-            blocks = (Const(min(int(blocks.value), streamed.grid), dt.i64) if isinstance(blocks, Const)
-                      else BinOp("min", blocks, Const(streamed.grid, dt.i64)))
-        else:
-            self.nest_part(plan, scoped=plan.fold is not None)
+        self.nest_part(plan, scoped=plan.fold is not None)
         if plan.fold is not None:
             assert plan.folded is not None
             fold.emit(self, plan.fold, plan.folded)
@@ -544,26 +546,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.kernel_plan = None
         return Launch(name, blocks, self.threads, self.peak)
 
-    def decode_grid(self, plan: KernelPlan, index: str, work: str, names: dict[str, str]) -> None:
-        """The grid loops' values of block ``index`` (through the variable ``work``), the last loop fastest; the
-        plan's heavy_first loop slowest and from its last value (any order is the program's: the grid loops'
-        iterations are independent).  ``names`` renames loops (those values may go unused)."""
-        self.line(f"int64_t {work} = {index};")
-        chain = plan.nest.chain
-        heavy = [lp for lp in chain if lp.var.name == plan.heavy_first]
-        for lp in [*reversed([lp for lp in chain if lp not in heavy]), *heavy]:
-            ext = self.scalar(lp.extent, {})
-            t = self.widths.loop
-            value = f"({ext} - 1) - {work} % {ext}" if lp in heavy else f"{work} % {ext}"
-            name = names.get(lp.var.name, lp.var.name)
-            unused = "[[maybe_unused]] " if lp.var.name in names else ""
-            self.line(f"{unused}const {t} {name} = static_cast<{t}>({value});")
-            self.line(f"{work} /= {ext};")
-
-    def nest_part(self, plan: KernelPlan, scoped: bool = False, rows_state: onchip.State | None = None) -> None:
+    def nest_part(self, plan: KernelPlan, scoped: bool = False) -> None:
         """The body of ``plan``'s nest with its shared temporaries (zeroed), from the current scratch offset; in a
-        scope of its own where a folded combine follows it in the same kernel.  ``rows_state``: its rows on chip
-        are declared and loaded already (:mod:`~polyfuse.emit_cpp.rowstream`)."""
+        scope of its own where a folded combine follows it in the same kernel."""
         self.kernel_plan = plan
         if scoped:
             self.open("")
@@ -578,7 +563,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
                       f"reinterpret_cast<uint32_t*>(pf_smem)[pf_z] = 0u;")
             self.barrier()
         if isinstance(plan.rows, onchip.RowsOnChip):
-            onchip.emit(self, plan.rows, rows_state)
+            onchip.emit(self, plan.rows)
         else:
             self.stmt(plan.nest.body)
         if scoped:

@@ -32,15 +32,12 @@ plan says why.
 The kernel plan asks :func:`plan` for every block kernel (the options' ``rows_on_chip`` turns it off); the
 default GPU schedules (:mod:`polyfuse.ops.schedules`) build the row kernel without rolling, plan it, and keep
 it where every kernel's rows went on chip, else roll over chunks.  :func:`warps_for` gives short rows fewer
-warps (down to one warp per row: no shared memory and no block barrier at all).  A kernel whose outputs are all
-one value per row takes several rows per block, loading the next while it reduces this one
-(:mod:`~polyfuse.emit_cpp.rowstream`; :func:`declare`, :func:`load` and :func:`advance` serve it).
+warps (down to one warp per row: no shared memory and no block barrier at all).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -50,14 +47,12 @@ from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks
 from polyfuse.ir.expr import BinOp, Const, Expr
 from polyfuse.ir.stmt import Seq, Stmt
-from polyfuse.ir.visit import substitute
 from polyfuse.tiling.htile import (
     Dot, Iota, Reduce, Slice, TileLoad, TileStore, axes_of, tile_children, walk_tile_expr,
 )
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
-    from polyfuse.emit_cpp.rowstream import RowStream
 
 RESERVED_REGISTERS = 32
 """32-bit registers per thread left to everything but the row tiles (indices, accumulators, addresses)."""
@@ -128,9 +123,6 @@ class RowsOnChip:
     """The resident blocks per SM the register budget is for: 2, or 1 where row tiles had to go to shared memory."""
     async_copy: bool = False
     """Row tiles in shared memory are filled by ``cp.async`` (no registers in between), else by vector copies."""
-    stream: RowStream | str = ""
-    """Several rows per block, each block loading its next row while it reduces this one
-    (:mod:`~polyfuse.emit_cpp.rowstream`), else why one block takes one row."""
 
     @property
     def kept(self) -> frozenset[str]:
@@ -158,9 +150,6 @@ class RowsOnChip:
         for c in combines:
             what = ", ".join(f"{b}" + (f" (level {k})" if k else "") for b, k in c.items)
             lines.append(f"    combine {what}: {c.nbytes} bytes of partials at {c.at}")
-        if self.stream:
-            lines.append(f"  {self.stream.describe()}" if not isinstance(self.stream, str)
-                         else f"  one row per block: {self.stream}")
         return lines
 
 
@@ -422,13 +411,22 @@ def _steps(stores: list[TileStore], threads: int, warp: int, take) -> list[TileS
 
 # ---------------------------------------------------------------------------------------------- printing
 
-def emit(em: CudaEmitter, rows: RowsOnChip, state: State | None = None) -> None:
-    """The kernel body ``rows`` plans (see the module docstring); from the steps on where ``state`` (of
-    :func:`declare`) says the row tiles are declared and loaded already."""
-    if state is None:
-        state = declare(em, rows)
-        load(em, state, {})
+def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
+    """The kernel body ``rows`` plans (see the module docstring)."""
+    where = "in registers" + (" and shared memory" if any(t.in_shared for t in rows.tiles) else "") + (
+        ", one block per SM" if rows.blocks_per_sm == 1 else "")
+    em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
+    em.materialized = {}
+    state = _State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
+    for t in rows.tiles:
+        name = state.arrays[(t.tensor, t.index)]
+        if t.in_shared:
+            em.shared_array(STORAGE_TYPES[t.dtype], name, rows.length * SIZEOF[STORAGE_TYPES[t.dtype]], t.shared_at)
+        else:
+            em.line(f"alignas(16) {STORAGE_TYPES[t.dtype]} {name}[{rows.slots * rows.vec}];")
     stores = {s.block: s for s in rows.stores}
+    _copy(em, rows, [(n, state.arrays[row_tile_key(n)], state.tile(n).in_shared)
+                     for n in _first_loads(list(stores.values()), rows)], to_memory=False)
     for step in rows.steps:
         if isinstance(step, Accumulate):
             s = stores[step.block]
@@ -445,55 +443,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip, state: State | None = None) -> None:
         em.overrides.clear()
 
 
-def declare(em: CudaEmitter, rows: RowsOnChip) -> State:
-    """The row tiles' arrays (registers, or places in shared memory)."""
-    where = "in registers" + (" and shared memory" if any(t.in_shared for t in rows.tiles) else "") + (
-        ", one block per SM" if rows.blocks_per_sm == 1 else "")
-    em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
-    em.materialized = {}
-    state = State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
-    for t in rows.tiles:
-        name = state.arrays[(t.tensor, t.index)]
-        if t.in_shared:
-            em.shared_array(STORAGE_TYPES[t.dtype], name, rows.length * SIZEOF[STORAGE_TYPES[t.dtype]], t.shared_at)
-        else:
-            em.line(f"alignas(16) {STORAGE_TYPES[t.dtype]} {name}[{rows.slots * rows.vec}];")
-    return state
-
-
-def load(em: CudaEmitter, state: State, grid: Mapping[str, Expr], suffix: str = "") -> None:
-    """Every row tile read from memory loaded into its array (``suffix`` appended to the array's name), at the
-    row where the grid loops take the values ``grid`` (by name; the kernel's own values where absent)."""
-    rows = state.rows
-    loads = _first_loads(list(rows.stores), rows)
-    _copy(em, rows, [(_at_row(n, grid), state.arrays[row_tile_key(n)] + suffix, state.tile(n).in_shared)
-                     for n in loads], to_memory=False)
-
-
-def advance(em: CudaEmitter, state: State, suffix: str) -> None:
-    """Every row tile read from memory into registers takes the values of its array named with ``suffix``."""
-    arrays = [arr for _, arr in loaded_arrays(state)]
-    with _elements(em, state.rows):
-        for arr in arrays:
-            element = f"[pf_k * {state.rows.vec} + pf_v]"
-            em.line(f"{arr}{element} = {arr}{suffix}{element};")
-
-
-def loaded_arrays(state: State) -> list[tuple[str, str]]:
-    """``(element type, array)`` of each row tile read from memory into registers."""
-    return [(STORAGE_TYPES[t.dtype], state.arrays[(t.tensor, t.index)])
-            for t in state.rows.tiles if t.loaded and not t.in_shared]
-
-
-def _at_row(n: TileLoad, grid: Mapping[str, Expr]) -> TileLoad:
-    if not grid:
-        return n
-    index = tuple(dataclasses.replace(i, start=substitute(i.start, grid)) if isinstance(i, Slice)
-                  else substitute(i, grid) for i in n.index)  # (no gathers: rowstream.plan)
-    return dataclasses.replace(n, index=index)
-
-
-def _row_store(em: CudaEmitter, state: State, step: TileStore, key: tuple) -> None:
+def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> None:
     """A statement computing a row tile: into registers (written to memory after, if stored), or into the
     thread's vectors of the row in shared memory (each written to memory at once, if stored)."""
     rows = state.rows
@@ -514,7 +464,7 @@ def _row_store(em: CudaEmitter, state: State, step: TileStore, key: tuple) -> No
         state.values[step.value] = f"{arr}[pf_k * {rows.vec} + pf_v]"  # (read again below: no recompute)
 
 
-def _shared_reads(state: State, exprs: list[Expr]) -> list[tuple[RowTile, str]]:
+def _shared_reads(state: _State, exprs: list[Expr]) -> list[tuple[RowTile, str]]:
     """The row tiles in shared memory that ``exprs`` read where printed (not under a value already at hand),
     with their arrays: each is read a vector at a time."""
     found: dict[tuple, tuple[RowTile, str]] = {}
@@ -535,7 +485,7 @@ def _shared_reads(state: State, exprs: list[Expr]) -> list[tuple[RowTile, str]]:
 
 
 @dataclass
-class State:
+class _State:
     """What the printer of a kernel on chip has at hand: the row tiles' register arrays, the per-thread
     partials by ``(block, level)``, the combined results, the values of scalar statements and of rows."""
 
@@ -551,7 +501,7 @@ class State:
         return next(t for t in self.rows.tiles if (t.tensor, t.index) == key)
 
 
-def _scalar_store(em: CudaEmitter, state: State, s: TileStore) -> None:
+def _scalar_store(em: CudaEmitter, state: _State, s: TileStore) -> None:
     """A statement of one value per row: computed by every thread (its reductions combined), written by one."""
     _overrides(em, state, s)
     reg = em.fresh("s")
@@ -657,7 +607,7 @@ def _copy(em: CudaEmitter, rows: RowsOnChip, triples: list, to_memory: bool) -> 
         em.line("pf::cp_async_wait<0>();  // (each thread reads back only the vectors it copied: no barrier)")
 
 
-def _overrides(em: CudaEmitter, state: State, s: TileStore) -> None:
+def _overrides(em: CudaEmitter, state: _State, s: TileStore) -> None:
     """Point ``s``'s reads of row tiles at their registers (element ``pf_k, pf_v``), its reads of earlier
     statements' values, rows and reductions at theirs, and its first-iteration tests at ``true``."""
     vec = state.rows.vec
@@ -677,7 +627,7 @@ def _overrides(em: CudaEmitter, state: State, s: TileStore) -> None:
             em.overrides[n] = "true"
 
 
-def _accumulate(em: CudaEmitter, state: State, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:
+def _accumulate(em: CudaEmitter, state: _State, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:
     """Each thread's partial of every reduction of ``level`` over its elements, in one pass."""
     found = []
     for r in level:
@@ -696,7 +646,7 @@ def _accumulate(em: CudaEmitter, state: State, level: list[Reduce | Dot]) -> lis
     return found
 
 
-def _combine(em: CudaEmitter, state: State, step: Combine) -> None:
+def _combine(em: CudaEmitter, state: _State, step: Combine) -> None:
     """One block reduction of the pending partials; then every thread holds each result."""
     pending = [p for item in step.items for p in state.partials[item]]
     warps = state.rows.threads // em.warp

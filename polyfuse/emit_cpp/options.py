@@ -69,9 +69,6 @@ class CodegenOptions:
     reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
     (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
     default GPU schedules then do not roll such rows over chunks.
-    ``stream_rows``: where such a kernel's outputs are all one value per row (no row is written), a block takes
-    several rows in turn and issues the next row's loads before it reduces the current one, the grid sized to
-    the blocks that reside on the device at once (:mod:`~polyfuse.emit_cpp.rowstream`); off: one block per row.
     ``fold_combine``: a split-k combine runs in its partial kernel's launch, by the last block of each row
     (:mod:`~polyfuse.emit_cpp.fold`), where that is legal and that block runs at most ``fold_serial`` blocks of
     the combine one after another (more run in parallel in a launch of their own: folding was measured faster
@@ -110,7 +107,6 @@ class CodegenOptions:
     producer_warp: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64
-    stream_rows: bool = True
     fold_combine: bool = True
     fold_serial: int = 2
 

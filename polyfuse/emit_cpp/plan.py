@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fold as fold_
-from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, rowstream, stream
+from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
 from polyfuse.emit_cpp.fragments import BARRIER_BYTES
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
@@ -217,23 +217,9 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
             kernels[-1] = folded
         else:
             kernels.append(dataclasses.replace(_plan_kernel(nest, f"{entry}_k{k}", frame, device), unfolded=folded))
-    kernels = [_streamed(k, device, options) for k in kernels]
     outputs = gpu.program.outputs
     fast_exp = options.fast_exp and bool(outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in outputs)
     return ProgramPlan(device, options, split, tuple(kernels), fast_exp)
-
-
-def _streamed(kernel: KernelPlan, device: DeviceSpec, options: CodegenOptions) -> KernelPlan:
-    """``kernel`` with its rows on chip streamed through its blocks where :func:`rowstream.plan` says so (then
-    ``__launch_bounds__`` asks for the blocks per SM its grid is sized for), the reason recorded where not."""
-    if not isinstance(kernel.rows, onchip.RowsOnChip):
-        return kernel
-    streamed = rowstream.plan(kernel, device, options)
-    rows = dataclasses.replace(kernel.rows, stream=streamed)
-    if isinstance(streamed, str):
-        return dataclasses.replace(kernel, rows=rows)
-    asked = streamed.blocks_per_sm if streamed.blocks_per_sm > 1 else None
-    return dataclasses.replace(kernel, rows=rows, blocks_per_sm=streamed.blocks_per_sm, min_blocks=asked)
 
 
 def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, Tensor], shared: frozenset[str],
@@ -693,8 +679,7 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
         lines.append(f"  blocks: {k.heavy_first} decoded slowest, from its last value (the most work first)")
     bounds = f", __launch_bounds__ asks for {k.min_blocks} blocks per SM" if k.min_blocks else ""
     held = "" if not any(lp.fragments for lp in k.loops.values()) else " and registers"
-    by = "the registers of the streamed rows" if rowstream.of(k) is not None else f"shared memory{held}"
-    lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by {by}{bounds}"
+    lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{held}{bounds}"
                  + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
