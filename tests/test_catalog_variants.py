@@ -318,7 +318,7 @@ def test_check_takes_an_input_variant_and_says_which(capsys):
 
 
 def test_check_rejects_an_unknown_variant_listing_the_known_ones(capsys):
-    assert main(["check", "softmax", "--inputs", "noise"]) == 2
+    assert main(["check", "softmax", "--inputs", "noise"]) == 3
     assert "invalid choice: 'noise' (choose from 'random', 'leading_zeros'" in capsys.readouterr().err
 
 
