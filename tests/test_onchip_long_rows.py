@@ -1,23 +1,20 @@
 """Long rows on chip (:mod:`polyfuse.emit_cpp.onchip`): rows over the register budget of two blocks per SM get one
 block of the device's most threads per SM, as many row tiles in registers as its budget holds and the rest in
 shared memory; rows that fit neither still roll over chunks.  The plan says which rule was chosen and why; the
-CUDA compiles warning-free for sm_90a; on a GPU (marked ``gpu``) the kernels match the rolling ones and NumPy on
-every input variant."""
+CUDA compiles warning-free for sm_90a; on a GPU the kernels match the rolling ones and NumPy on every input variant
+(``test_on_chip_rows_match_rolling_and_numpy`` of tests/test_onchip_rows.py, at these lengths too)."""
 
 from __future__ import annotations
 
 import dataclasses
 import shutil
 
-import numpy as np
 import pytest
 
 from polyfuse import ops
 from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CodegenOptions, Target, emit_planned, gpu_plan, onchip
-from polyfuse.errors import BackendUnavailable
 from polyfuse.ops.schedules import default_schedule
-from polyfuse.ops.variants import VARIANTS
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.tiling import to_tiles
@@ -35,7 +32,7 @@ LONG = (16411, 20000, 30000, 32768)
 """A prime (one element per access), a ragged multiple of four, the ragged and the exact sweep-sized row."""
 
 
-def _sizes(name: str, rows: int, length: int) -> dict[str, int]:
+def _rows_of(name: str, rows: int, length: int) -> dict[str, int]:
     return {"B": rows, "L": length} if name == "variance" else {"N": rows, "M": length}
 
 
@@ -54,7 +51,7 @@ def test_sweep_rows_of_32768_stay_on_chip_one_block_per_sm(name):
     # 4096 rows of 32768 f32 (the sweep's longest): 256 registers per thread at 256 threads, over the budget of
     # 64; at 1024 threads and one block per SM the budget is 64 - 32 = 32 registers: one tile in registers, the
     # next in shared memory (128 KB of the 227 KB), each row read from memory once.
-    _, plan, _ = _plan(name, **_sizes(name, 4096, 32768))
+    _, plan, _ = _plan(name, **_rows_of(name, 4096, 32768))
     (kernel,) = plan.kernels
     rows = kernel.rows
     assert isinstance(rows, onchip.RowsOnChip), rows
@@ -77,7 +74,7 @@ def test_sweep_rows_of_32768_stay_on_chip_one_block_per_sm(name):
 @pytest.mark.parametrize("name", ROW_OPS)
 @pytest.mark.parametrize("length", [1024, 4096, 8192])
 def test_shorter_sweep_rows_keep_the_register_rule(name, length):
-    _, plan, _ = _plan(name, **_sizes(name, 4096, length))
+    _, plan, _ = _plan(name, **_rows_of(name, 4096, length))
     rows = plan.kernels[0].rows
     assert isinstance(rows, onchip.RowsOnChip)
     assert rows.blocks_per_sm == 2 and not any(t.in_shared for t in rows.tiles) and rows.budget == 64
@@ -85,7 +82,7 @@ def test_shorter_sweep_rows_keep_the_register_rule(name, length):
 
 
 def test_sum_sum_fills_its_shared_row_by_cp_async():
-    gpu, plan, target = _plan("sum_sum", **_sizes("sum_sum", 4, 32768))
+    gpu, plan, target = _plan("sum_sum", **_rows_of("sum_sum", 4, 32768))
     rows = plan.kernels[0].rows
     assert rows.async_copy
     text = emit_planned(gpu, plan, target).text
@@ -95,7 +92,7 @@ def test_sum_sum_fills_its_shared_row_by_cp_async():
 
 def test_without_cp_async_the_shared_row_is_copied_through_registers():
     device = dataclasses.replace(H100, cp_async=False)
-    gpu, plan, target = _plan("sum_sum", device=device, **_sizes("sum_sum", 4, 32768))
+    gpu, plan, target = _plan("sum_sum", device=device, **_rows_of("sum_sum", 4, 32768))
     assert not plan.kernels[0].rows.async_copy
     assert "cp_async" not in emit_planned(gpu, plan, target).text
 
@@ -103,7 +100,7 @@ def test_without_cp_async_the_shared_row_is_copied_through_registers():
 @pytest.mark.parametrize("name", ["softmax", "sum_sum", "variance"])
 def test_rows_that_fit_neither_registers_nor_shared_memory_roll(name):
     # 65536 f32: 256 KB per tile, over the 227 KB of shared memory a block may have.
-    _, plan, _ = _plan(name, **_sizes(name, 4, 65536))
+    _, plan, _ = _plan(name, **_rows_of(name, 4, 65536))
     (kernel,) = plan.kernels
     assert kernel.loops and "the kernel's body has a loop" in kernel.rows
 
@@ -114,39 +111,8 @@ def test_rows_that_fit_neither_registers_nor_shared_memory_roll(name):
 def test_long_on_chip_rows_compile_warning_free(name, length):
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc on PATH")
-    gpu, plan, target = _plan(name, **_sizes(name, 3, length))
+    gpu, plan, target = _plan(name, **_rows_of(name, 3, length))
     assert isinstance(plan.kernels[0].rows, onchip.RowsOnChip) and plan.kernels[0].rows.blocks_per_sm == 1
     source = emit_planned(gpu, plan, target)
     compile_gpu(source.text, f"{name}_{length}", "cuda", "sm_90a", options=CompileOptions(werror=True),
                 compile_only=True)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", ROW_OPS)
-@pytest.mark.parametrize("length", LONG)
-def test_long_on_chip_rows_match_rolling_and_numpy(name, length):
-    from polyfuse.pipeline import build
-
-    op = ops.get(name)
-    sizes = {**op.sizes("default"), **_sizes(name, 5, length)}
-    program = op.program("default", **sizes)
-    try:
-        on_chip = build(default_schedule(name, "default", program, target="cuda"), "cuda", sizes=sizes, werror=True)
-        rolling = build(default_schedule(name, "default", program, target="cuda", options=ROLLING), "cuda",
-                        sizes=sizes, werror=True, codegen=ROLLING)
-    except BackendUnavailable as err:
-        pytest.skip(str(err))
-    assert "one block per SM" in on_chip.kernel_source.text
-    assert "// rows on chip" not in rolling.kernel_source.text
-    tol = op.tolerance("default", sizes)
-    for variant in VARIANTS:
-        for magnitude in op.magnitudes:
-            inputs = op.inputs(1, "default", sizes, magnitude, variant=variant)
-            a, b = on_chip.run(inputs), rolling.run(inputs)
-            result = ops.compare(a, op.reference(inputs, "default", sizes), tol)
-            assert result.ok, f"{variant} magnitude {magnitude:g}: {result.line()} worst {result.worst}"
-            same = ops.compare(a, b, tol)
-            assert same.ok, f"{variant} against rolling: {same.line()}"
-            for out in a:  # NaN and inf where the rolling kernel has them
-                np.testing.assert_array_equal(np.isnan(np.asarray(a[out], dtype=np.float64)),
-                                              np.isnan(np.asarray(b[out], dtype=np.float64)))

@@ -142,8 +142,10 @@ def test_on_chip_rows_compile_warning_free(name, length):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ROW_OPS)
-@pytest.mark.parametrize("length", [1, 7, 42, 4100, 8192])
+@pytest.mark.parametrize("length", [1, 7, 42, 4100, 8192, 16411, 20000, 30000, 32768])
 def test_on_chip_rows_match_rolling_and_numpy(name, length):
+    # Rows up to 8192 in registers at two blocks per SM; longer ones (16411 a prime) at one block of 1024 threads
+    # per SM, the tiles over its registers in shared memory (tests/test_onchip_long_rows.py plans them).
     from polyfuse.pipeline import build
 
     op = ops.get(name)
@@ -156,6 +158,7 @@ def test_on_chip_rows_match_rolling_and_numpy(name, length):
     except BackendUnavailable as err:
         pytest.skip(str(err))
     assert "// rows on chip" in on_chip.kernel_source.text
+    assert ("one block per SM" in on_chip.kernel_source.text) == (length > 8192)
     assert "// rows on chip" not in rolling.kernel_source.text
     tol = op.tolerance("default", sizes)
     for variant in VARIANTS:
