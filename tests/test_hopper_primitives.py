@@ -200,6 +200,18 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
 """
 
 
+A_FRAGMENTS = r"""    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
+    uint32_t f[8][4];
+#pragma unroll
+    for (int s = 0; s < 8; ++s)
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int at = (row + 8 * (q % 2)) * 128 + 16 * s + col + 8 * (q / 2);
+            f[s][q] = static_cast<uint32_t>(a[at]) | (static_cast<uint32_t>(a[at + 1]) << 16);
+        }"""
+"""Thread t's A fragments of a (64 x 128, row-major) for the 8 k16 steps of an RS product (the mma.m16n8k16 A
+layout per warp), read from global memory: the probes' register operand."""
+
 PANEL_KERNEL = r"""
 #include "polyfuse_gpu.h"
 
@@ -220,15 +232,7 @@ extern "C" __global__ void __launch_bounds__(128) panel_probe(const uint16_t* __
     __syncthreads();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     pf::fence_async_shared();
-    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
-    uint32_t f[8][4];
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int at = (row + 8 * (q % 2)) * 128 + 16 * s + col + 8 * (q / 2);
-            f[s][q] = static_cast<uint32_t>(a[at]) | (static_cast<uint32_t>(a[at + 1]) << 16);
-        }
+@A_FRAGMENTS@
     float d[16][4] = {}, e[16][4] = {};
     pf::wgmma_fence();
 #pragma unroll
@@ -252,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(128) panel_probe(const uint16_t* __
 }
 """
 
+PANEL_KERNEL = PANEL_KERNEL.replace("@A_FRAGMENTS@", A_FRAGMENTS)
 PANEL_TYPES = ("f16", "bf16")
 
 
@@ -279,15 +284,7 @@ extern "C" __global__ void __launch_bounds__(128) wide_probe(const uint16_t* __r
     __syncthreads();
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     pf::fence_async_shared();
-    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
-    uint32_t f[8][4];
-#pragma unroll
-    for (int s = 0; s < 8; ++s)
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int at = (row + 8 * (q % 2)) * 128 + 16 * s + col + 8 * (q / 2);
-            f[s][q] = static_cast<uint32_t>(a[at]) | (static_cast<uint32_t>(a[at + 1]) << 16);
-        }
+@A_FRAGMENTS@
     float d[16][4] = {}, e[16][4] = {}, o[16][4] = {};
     pf::wgmma_fence();
 #pragma unroll
@@ -309,6 +306,7 @@ extern "C" __global__ void __launch_bounds__(128) wide_probe(const uint16_t* __r
 #endif
 }
 """
+WIDE_KERNEL = WIDE_KERNEL.replace("@A_FRAGMENTS@", A_FRAGMENTS)
 
 
 
