@@ -376,7 +376,7 @@ def test_ldmatrix_addresses_give_the_mma_fragments(role, pair, trans):
 def test_mask_free_condition_holds_only_where_no_element_is_masked():
     # The fast path of a statement in warp fragments is taken where its guard holds: checked against every
     # element of the tile for causal, windowed and ragged conditions, at many loop values.
-    from polyfuse.emit_cpp.fragments import _uniform
+    from polyfuse.emit_cpp.fragment_values import uniform as _uniform
     from polyfuse.ir.expr import BinOp, Call, Const, Var
     from polyfuse.tiling.htile import Broadcast, Iota
 

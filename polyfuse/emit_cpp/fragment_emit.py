@@ -14,8 +14,9 @@ from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
 from polyfuse.emit_cpp.fragments import (
     BARRIER_BYTES, PRODUCER_REGISTERS, PRODUCER_WARPS, STAGES, STRIP, WARPGROUP_ROWS, FragmentLoop, FragmentStmt,
-    Held, SharedValue, _body, _constant, _reductions,
+    Held, SharedValue, _body,
 )
+from polyfuse.emit_cpp.fragment_values import constant, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
 from polyfuse.ir import dtypes as dt
@@ -335,7 +336,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
     exprs = [value_expr, *([s.mask] if s.mask is not None else [])]
     added += _load_overrides(em, held, exprs, env)
     try:
-        for r in _reductions(exprs):
+        for r in reductions(exprs):
             # The thread's columns in fl.chains independent partials (column tiles in turn), combined in a tree,
             # then the four lanes of the row by shuffles: short dependency chains.  (A reduction's order is
             # free: max and min are exact, f32 sums are within the tolerance's term for any order.)
@@ -371,7 +372,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = _product(em, fl, st, e, env, arrays, wait)
             total = f"{acc}[pf_nb][pf_q]"
-            zero = _constant(e.acc)
+            zero = constant(e.acc)
             if zero is None or zero.value != 0:  # (the accumulators started at +0)
                 total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
             override(e, total)

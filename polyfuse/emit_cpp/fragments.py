@@ -24,8 +24,8 @@ Less work per element, each rewrite equal to the program in IEEE arithmetic or i
 tolerance: a costly value that several statements compute at the same elements (``exp(score − max)`` in ``P``
 and in the row sum) is computed once (:class:`SharedValue`); parts of a value that depend only on the row are
 computed once per row; ``select(p, x, f·x)`` is ``x·select(p, 1, f)``; a rolling update's first-iteration
-select is the registers' initial value (:func:`_rewrite`); and where a scalar guard proves that no element of an
-iteration's tile is masked, a statement is computed without its masks (:func:`_mask_free`: the main part of a
+select is the registers' initial value (:func:`rewrite`); and where a scalar guard proves that no element of an
+iteration's tile is masked, a statement is computed without its masks (:func:`mask_free`: the main part of a
 causal or windowed loop).
 
 A masked store keeps the register's old value where its mask is false, so the semantics are the tile
@@ -67,6 +67,7 @@ from dataclasses import dataclass
 
 from polyfuse.emit_cpp import reciprocal
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
+from polyfuse.emit_cpp.fragment_values import mask_free, reductions, rewrite, row_parts, store_exprs
 from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
@@ -76,15 +77,14 @@ from polyfuse.emit_cpp.dotplan import (
 )
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
-from polyfuse.errors import InternalError, NonAffineIndex
-from polyfuse.ir.affine import from_linear_form, linear_form
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
+from polyfuse.errors import InternalError
+from polyfuse.ir.expr import Call, Const, Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Index, Iota, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, depends_on,
-    map_tile_expr, tile_children, walk_tile_expr, walk_tile_stmts,
+    Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tile_children, walk_tile_expr,
+    walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
 from polyfuse.tiling.parallel import allocated_at
@@ -160,15 +160,15 @@ class FragmentStmt:
     a_registers: bool = False
     buffers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     value: Expr | None = None
-    """The statement's value as computed here (:func:`_rewrite`: the same value in every case of IEEE
+    """The statement's value as computed here (:func:`rewrite`: the same value in every case of IEEE
     arithmetic, with less work per element)."""
     unmasked: tuple[Expr, Expr] | None = None
     """(condition, value): where the scalar condition holds at an iteration, every mask of the value (a select
     with a constant on one side: causal or window masks, ragged edges) takes its other side at every element of
-    the tile, and the value is computed without them (:func:`_mask_free`)."""
+    the tile, and the value is computed without them (:func:`mask_free`)."""
     row_parts: Mapping[Expr, tuple[Expr, ...]] = dataclasses.field(default_factory=dict)
     """For the value, the unmasked value and each reduction's tile: their parts computed once per row of the
-    thread (:func:`_row_parts`)."""
+    thread (:func:`row_parts`)."""
 
 
 @dataclass(frozen=True)
@@ -284,10 +284,6 @@ def _body(loop: Loop) -> tuple[TileStore, ...] | None:
     return tuple(body)  # type: ignore[arg-type]
 
 
-def _exprs(s: TileStore) -> list[Expr]:
-    return [s.value, *([s.mask] if s.mask is not None else [])]
-
-
 def _shape(index: tuple[Index, ...], unit: Mapping[str, Expr]) -> tuple:
     """:func:`~polyfuse.emit_cpp.resident.tile_shape` of ``index`` with the grid loops of one iteration at 0
     (``b`` and 0 index the same tile)."""
@@ -325,7 +321,7 @@ def _analyse(frame: Frame, loop: Loop) -> _Shape | None:
                 or not any(isinstance(i, Slice) for i in s.index)):
             return None
         accesses[s.tensor.name].append(s.index)
-        for x in _exprs(s):
+        for x in store_exprs(s):
             for n in walk_tile_expr(x):
                 if isinstance(n, TileLoad) and n.tensor.name in names:
                     accesses[n.tensor.name].append(n.index)
@@ -346,7 +342,7 @@ def _analyse(frame: Frame, loop: Loop) -> _Shape | None:
     rows_of: dict[str, str] = {}
     dims: dict[str, tuple[int, int | None]] = {}
     for s in body:
-        dots = [n for x in _exprs(s) for n in walk_tile_expr(x) if isinstance(n, Dot)]
+        dots = [n for x in store_exprs(s) for n in walk_tile_expr(x) if isinstance(n, Dot)]
         if len(dots) > 1 or (s.mask is not None and any(isinstance(n, Dot) for n in walk_tile_expr(s.mask))):
             return None
         if dots:
@@ -360,7 +356,7 @@ def _analyse(frame: Frame, loop: Loop) -> _Shape | None:
         changed = False
         for s in body:
             found = {rows_of[s.block]} if s.block in rows_of else set()
-            for x in _exprs(s):
+            for x in store_exprs(s):
                 for n in walk_tile_expr(x):
                     if isinstance(n, TileLoad) and n.tensor.name in dims:
                         i = n.index[dims[n.tensor.name][0]]
@@ -405,7 +401,7 @@ def _analyse(frame: Frame, loop: Loop) -> _Shape | None:
         axes[s.block] = (row, col)
         here = frame.at(sizes[s.block])
         cols = {col: here.sizes[col]} if col is not None else {}
-        if not all(_reads_own(x, here, row, cols, shape_dims, True) for x in _exprs(s)):
+        if not all(_reads_own(x, here, row, cols, shape_dims, True) for x in store_exprs(s)):
             return None
     return _Shape(rows, axes, shape_dims, index)
 
@@ -512,7 +508,7 @@ def epilogue(frame: Frame, loop: Loop, after: Sequence[Stmt]) -> tuple[TileStore
     for s in after:
         if not isinstance(s, TileStore) or s.reducer is not None or s.tensor.name in shape.dims:
             break
-        nodes = [n for x in _exprs(s) for n in walk_tile_expr(x)]
+        nodes = [n for x in store_exprs(s) for n in walk_tile_expr(x)]
         index = [n for i in s.index for n in walk_tile_expr(i.start if isinstance(i, Slice) else i)]
         if any(isinstance(n, Dot) for n in nodes) or any(isinstance(n, TileLoad) for n in index):
             break
@@ -530,7 +526,7 @@ def epilogue(frame: Frame, loop: Loop, after: Sequence[Stmt]) -> tuple[TileStore
         if row not in slices or sizes[row] != shape.rows or (col is not None and sizes[col] % 16):
             break
         cols = {col: sizes[col]} if col is not None else {}
-        if not all(_reads_own(x, frame.at(sizes), row, cols, shape.dims, False) for x in _exprs(s)):
+        if not all(_reads_own(x, frame.at(sizes), row, cols, shape.dims, False) for x in store_exprs(s)):
             break
         found.append(s)
         written.add(s.tensor.name)
@@ -564,7 +560,7 @@ def in_memory(frame: Frame, body: Stmt, loop: Loop, after: tuple[TileStore, ...]
     assert shape is not None
     inside = {id(s) for s in _body(loop) or ()} | {id(s) for s in after}
     read_outside = {n.tensor.name for s in walk_tile_stmts(body) if isinstance(s, TileStore) and id(s) not in inside
-                    for x in [*_exprs(s), *(i.start if isinstance(i, Slice) else i for i in s.index)]
+                    for x in [*store_exprs(s), *(i.start if isinstance(i, Slice) else i for i in s.index)]
                     for n in walk_tile_expr(x) if isinstance(n, TileLoad)}
     allocated = set(allocated_at(loop))
     return frozenset(name for name in shape.dims if name not in allocated
@@ -591,7 +587,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     body = _body(loop)
     assert shape is not None and body is not None
     allocated = set(allocated_at(loop))
-    initial, values = _rewrite(body, loop.var.name, {n for n in shape.dims if n not in memory and n not in allocated})
+    initial, values = rewrite(body, loop.var.name, {n for n in shape.dims if n not in memory and n not in allocated})
     held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name],
                       initial.get(name, 0.0))
                  for name, (rd, cd, cols) in shape.dims.items())
@@ -604,7 +600,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
         if not dots:
             stmts[s.block] = FragmentStmt(s.block, row, col, value=values[s.block],
-                                          unmasked=_mask_free(values[s.block], axis_sizes(s)) if col else None)
+                                          unmasked=mask_free(values[s.block], axis_sizes(s)) if col else None)
             continue
         e = dots[0]
         here = frame.at(axis_sizes(s))
@@ -633,11 +629,11 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         dot = DotPlan(instruction, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1,
                       pair, None, M16N8, width)
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
-                                      _mask_free(values[s.block], axis_sizes(s)))
+                                      mask_free(values[s.block], axis_sizes(s)))
     masks = {s.block: s.mask for s in body}
     stmts = {block: _with_row_parts(st, masks[block]) for block, st in stmts.items()}
     for s in after:
-        loads = [n for x in _exprs(s) for n in walk_tile_expr(x)
+        loads = [n for x in store_exprs(s) for n in walk_tile_expr(x)
                  if isinstance(n, TileLoad) and n.tensor.name in shape.dims]
         i = loads[0].index[shape.dims[loads[0].tensor.name][0]]
         assert isinstance(i, Slice)
@@ -697,103 +693,6 @@ def _warpgroup_width(frame: Frame, b: Staged) -> int:
     return max(w for w in WARPGROUP_WIDTHS if w <= frame.options.warpgroup_width and b.rows_pad % w == 0)
 
 
-def _mask_free(value: Expr, sizes: Mapping[str, int]) -> tuple[Expr, Expr] | None:
-    """``value`` with its masks resolved, and the scalar condition (of the loop and grid variables) under which
-    that is ``value`` at every element of the tile; None where it has no mask whose condition is an affine
-    comparison of the tile's axes.  A mask is a select with a constant on one side; it resolves to the other
-    side, the live value.  The condition is exact arithmetic on the comparison's extremes over the tile
-    (:func:`_uniform`), so the fast path is taken only where it is the program."""
-    guards: list[Expr] = []
-
-    def resolve(n: Expr) -> Expr | None:
-        if isinstance(n, (Reduce, Dot)):
-            return n  # (computed before the elements: left as they are)
-        if not isinstance(n, Select):
-            return None
-        constant = [_constant(n.true_value) is not None, _constant(n.false_value) is not None]
-        if constant[0] == constant[1]:
-            return None
-        live_if = not constant[0]  # the live side is taken where the condition is live_if
-        guard = _uniform(n.cond, live_if, sizes)
-        if guard is None:
-            return None
-        guards.append(guard)
-        return map_tile_expr(n.true_value if live_if else n.false_value, resolve)
-
-    fast = map_tile_expr(value, resolve)
-    if not guards:
-        return None
-    condition = guards[0]
-    for g in guards[1:]:
-        condition = BinOp("and", condition, g)
-    return condition, fast
-
-
-def _constant(x: Expr) -> Const | None:
-    """The constant ``x`` is (possibly broadcast or permuted), else None."""
-    while isinstance(x, (Broadcast, Permute)):
-        x = x.tile
-    return x if isinstance(x, Const) else None
-
-
-_FLIP = {"<": ">=", "<=": ">", ">": "<=", ">=": "<"}
-
-
-def _uniform(cond: Expr, truth: bool, sizes: Mapping[str, int]) -> Expr | None:
-    """A scalar condition under which ``cond`` is ``truth`` at every element of the tile (tile axes of
-    ``sizes``), or None: comparisons of affine integer expressions of the tile axes and scalars, under ``and``,
-    ``or`` and ``not``."""
-    if isinstance(cond, Broadcast):
-        return _uniform(cond.tile, truth, sizes)
-    if isinstance(cond, Call) and cond.fn == "not":
-        return _uniform(cond.args[0], not truth, sizes)
-    if isinstance(cond, BinOp) and cond.op in ("and", "or"):
-        a, b = _uniform(cond.a, truth, sizes), _uniform(cond.b, truth, sizes)
-        if (cond.op == "and") == truth:  # all parts must be so
-            return None if a is None or b is None else BinOp("and", a, b)
-        return a if b is None else b if a is None else BinOp("or", a, b)
-    if not (isinstance(cond, BinOp) and cond.op in _FLIP):
-        return None
-    op = cond.op if truth else _FLIP[cond.op]
-    difference = _scalar(BinOp("-", cond.a, cond.b))
-    if difference is None:
-        return None
-    try:
-        form = linear_form(difference)
-    except NonAffineIndex:
-        return None
-    # d = lhs - rhs must satisfy ``d op 0`` at every element: at its smallest over the tile for > and >=, at its
-    # largest for < and <=.
-    smallest = op in (">", ">=")
-    bound: dict = {}
-    for atom, c in form.items():
-        if isinstance(atom, str) and atom.startswith("pf_axis_"):
-            size = sizes[atom[len("pf_axis_"):]]
-            if (c < 0) == smallest:
-                bound[1] = bound.get(1, 0) + c * (size - 1)
-        elif not isinstance(atom, str) and atom != 1:
-            return None  # a floor or modulo atom of the axes: no simple extreme
-        else:
-            bound[atom] = bound.get(atom, 0) + c
-    bound = {k: v for k, v in bound.items() if v}
-    return BinOp(op, from_linear_form(bound, difference.dtype), Const(0, difference.dtype))
-
-
-def _scalar(x: Expr) -> Expr | None:
-    """``x`` (integer index arithmetic of tile axes) as a scalar expression, tile axis ``a`` the variable
-    ``pf_axis_a``; None where it reads a tensor or is not integer arithmetic."""
-    if isinstance(x, (Broadcast, Permute)):
-        return _scalar(x.tile)
-    if isinstance(x, Iota):
-        return Var(f"pf_axis_{x.axis}", x.dtype)
-    if isinstance(x, (Var, Const)):
-        return x if x.dtype.is_int else None
-    if isinstance(x, BinOp) and x.op in ("+", "-", "*") and x.dtype.is_int:
-        a, b = _scalar(x.a), _scalar(x.b)
-        return None if a is None or b is None else BinOp(x.op, a, b)
-    return None
-
-
 def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:
     """``st`` with its :attr:`~FragmentStmt.row_parts` planned."""
     masks = [mask] if mask is not None else []
@@ -801,69 +700,10 @@ def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:
     parts: dict[Expr, tuple[Expr, ...]] = {}
     if st.col is not None:
         for value in (st.value, *([st.unmasked[1]] if st.unmasked is not None else [])):
-            parts[value] = tuple(_row_parts([value, *masks], st.row, st.col))
-    for r in _reductions([st.value, *masks]):
-        parts[r.tile] = tuple(_row_parts([r.tile], st.row, r.axis))
+            parts[value] = tuple(row_parts([value, *masks], st.row, st.col))
+    for r in reductions([st.value, *masks]):
+        parts[r.tile] = tuple(row_parts([r.tile], st.row, r.axis))
     return dataclasses.replace(st, row_parts=parts)
-
-
-def _rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
-             ) -> tuple[dict[str, float], dict[str, Expr]]:
-    """The values of the loop's statements with less work per element, equal in IEEE arithmetic:
-
-    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` lives in registers only,
-      its first write in the body is unmasked and every read of it up to that write is such a select with the
-      same constant ``c``, is ``T`` itself once ``T``'s registers start at ``c`` (returned by tensor);
-    * ``select(p, x, f·x)`` is ``x · select(p, 1, f)`` (``x·1`` is ``x`` for every ``x``, NaN, ±0 and ±inf
-      included): one product per element, the select per row where ``p`` and ``f`` are.
-    """
-    def first_select(n: Expr, name: str) -> float | None:
-        if (isinstance(n, Select) and isinstance(n.cond, BinOp) and n.cond.op == "=="
-                and isinstance(n.cond.a, Var) and n.cond.a.name == var and isinstance(n.cond.b, Const)
-                and n.cond.b.value == 0 and isinstance(n.true_value, Const) and isinstance(n.false_value, TileLoad)
-                and n.false_value.tensor.name == name and n.false_value.mask is None):
-            return float(n.true_value.value)
-        return None
-
-    initial: dict[str, float] = {}
-    for name in sorted(registers_only):
-        writers = [k for k, s in enumerate(body) if s.tensor.name == name]
-        if not writers or body[writers[0]].mask is not None:
-            continue  # (a masked first write would leave the initial value where the program has its own)
-        constants: set[float] = set()
-        loads = covered = 0
-        for s in body[:writers[0] + 1]:
-            for x in _exprs(s):
-                for n in walk_tile_expr(x):
-                    loads += isinstance(n, TileLoad) and n.tensor.name == name
-                    c = first_select(n, name)
-                    if c is not None:
-                        covered += 1
-                        constants.add(c)
-        if loads and loads == covered and len(constants) == 1:
-            initial[name] = constants.pop()
-
-    def factor(n: Expr) -> Expr | None:
-        if isinstance(n, Select) and n.dtype.is_float:
-            for keep, scaled, first in ((n.true_value, n.false_value, True), (n.false_value, n.true_value, False)):
-                if isinstance(scaled, BinOp) and scaled.op == "*":
-                    for f, other in ((scaled.a, scaled.b), (scaled.b, scaled.a)):
-                        if other == keep:
-                            one = Const(1.0, f.dtype)
-                            choice = Select(n.cond, one, f) if first else Select(n.cond, f, one)
-                            return BinOp("*", map_tile_expr(keep, factor), map_tile_expr(choice, factor))
-        return None
-
-    values: dict[str, Expr] = {}
-    for k, s in enumerate(body):
-        def first(n: Expr, k: int = k) -> Expr | None:
-            for name, c in initial.items():
-                if first_select(n, name) == c and k <= min(j for j, x in enumerate(body) if x.tensor.name == name):
-                    return n.false_value  # type: ignore[attr-defined]
-            return None
-
-        values[s.block] = map_tile_expr(map_tile_expr(s.value, first), factor)
-    return initial, values
 
 
 def _shared_values(frame: Frame, body: tuple[TileStore, ...], shape: _Shape, exprs: Mapping[str, list[Expr]],
@@ -923,53 +763,3 @@ def _width(s: TileStore, node: Expr, shape: _Shape) -> int:
     row = shape.axes[s.block][0]
     col = next((a for a in axes_of(node) if a != row), None)
     return axis_sizes(s)[col] if col is not None else 0
-
-
-# ---------------------------------------------------------------------------------------------- printing
-
-
-def _row_parts(exprs: list[Expr], row: str, col: str) -> list[Expr]:
-    """The largest parts of a statement's value that depend on no axis but its ``row`` (a rolling update's
-    rescale factor and conditions, ALiBi's slope) and read a tensor or a reduction or call a math function:
-    computed once per row of the thread, before its columns.  Not inside a product or a reduction (their
-    operands have other axes)."""
-    found: list[Expr] = []
-
-    def visit(x: Expr) -> None:
-        if x in found or isinstance(x, (Var, Const, Dot, Reduce)):
-            return
-        nodes = list(walk_tile_expr(x))
-        if (set(axes_of(x)) <= {row, col} and not depends_on(x, col) and not isinstance(x, TileLoad)
-                and any(_costly(n) for n in nodes) and not any(isinstance(n, Dot) for n in nodes)):
-            found.append(x)
-            return
-        for c in tile_children(x):
-            visit(c)
-
-    for x in exprs:
-        visit(x)
-    return found
-
-
-def _costly(n: Expr) -> bool:
-    """A node worth computing once where it can: a read, a reduction, a math function, a power or division."""
-    return (isinstance(n, (TileLoad, Reduce)) or (isinstance(n, Call) and n.fn not in CHEAP_CALLS)
-            or (isinstance(n, BinOp) and n.op in ("pow", "/", "//", "%")))
-
-
-def _reductions(exprs: list[Expr]) -> list[Reduce]:
-    """The statement's reductions, innermost first, each once (none inside a product)."""
-    found: list[Reduce] = []
-
-    def visit(x: Expr) -> None:
-        if isinstance(x, Dot):
-            visit(x.acc)
-            return
-        for c in tile_children(x):
-            visit(c)
-        if isinstance(x, Reduce) and x not in found:
-            found.append(x)
-
-    for x in exprs:
-        visit(x)
-    return found
