@@ -137,9 +137,7 @@ extern "C" __global__ void __launch_bounds__(128) rs_probe(const uint16_t* __res
 """
 
 
-CHAIN_KERNEL = r"""
-#include "polyfuse_gpu.h"
-
+ACCUMULATORS_AS_A = r"""
 // The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
 // 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
 // rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half), as WarpgroupFragment.as_a_operand
@@ -148,7 +146,15 @@ template <int S> __device__ __forceinline__ void accumulators_as_a_f16(uint32_t 
 #pragma unroll
     for (int q = 0; q < 4; ++q)
         asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
-}
+}""".lstrip("\n")
+"""The probes' conversion of a product's accumulators into the next product's A operand (the code generator
+packs P from the values it computes instead)."""
+
+
+CHAIN_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+@ACCUMULATORS_AS_A@
 
 // s = q · kᵀ (both operands from swizzled shared memory), then o = f16(s) · v with f16(s) taken from s's
 // accumulators as the A operand in registers; dumps s and o, register r of thread t at t * 32 + r.
@@ -198,6 +204,7 @@ extern "C" __global__ void __launch_bounds__(128) chain_probe(const uint16_t* __
 #endif
 }
 """
+CHAIN_KERNEL = CHAIN_KERNEL.replace("@ACCUMULATORS_AS_A@", ACCUMULATORS_AS_A)
 
 
 A_FRAGMENTS = r"""    const int row = 16 * (t / 32) + (t % 32) / 4, col = 2 * (t % 4);
@@ -379,15 +386,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) pipeline_probe(const __grid
 ATTENTION_KERNEL = r"""
 #include "polyfuse_gpu.h"
 
-// The accumulators of one product as the A operand of the next (attention's S = Q·Kᵀ into P·V): registers
-// 8S..8S+7 of thread t hold its A fragment of k16 step S (columns 16S.. of the product are the next one's k),
-// rounded to f16 in pairs (cvt.rn.f16x2.f32: the even column in the low half), as WarpgroupFragment.as_a_operand
-// says.  (The code generator packs P from the values it computes: pf::pack_f16.)
-template <int S> __device__ __forceinline__ void accumulators_as_a_f16(uint32_t (&a)[4], const float (&d)[32]) {
-#pragma unroll
-    for (int q = 0; q < 4; ++q)
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;\n" : "=r"(a[q]) : "f"(d[8 * S + 2 * q + 1]), "f"(d[8 * S + 2 * q]));
-}
+@ACCUMULATORS_AS_A@
 
 // One warpgroup, 64 query rows, keys in tiles of 64 (d = dv = 64, f16): S = Q·Kᵀ by wgmma, the online softmax on
 // S's accumulators in registers (a row's 16 values in a thread, the other 48 in the 3 lanes of its quad: two
@@ -466,6 +465,7 @@ extern "C" __global__ void __launch_bounds__(128) attention_probe(const uint16_t
 #endif
 }
 """
+ATTENTION_KERNEL = ATTENTION_KERNEL.replace("@ACCUMULATORS_AS_A@", ACCUMULATORS_AS_A)
 
 
 def _sm90_driver():
