@@ -152,7 +152,7 @@ def test_the_headers_are_package_data():
     import polyfuse
 
     assert compiler.HEADERS_DIR.parent.parent == Path(polyfuse.__file__).parent
-    assert {"polyfuse_host.h", "polyfuse_gpu.h", "polyfuse_numpy.h"} <= {p.name for p in
+    assert {"polyfuse_host.h", "polyfuse_gpu.h", "polyfuse_numpy.h", "polyfuse_round.h"} <= {p.name for p in
                                                                        compiler.HEADERS_DIR.glob("*.h")}
 
 

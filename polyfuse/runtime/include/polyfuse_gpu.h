@@ -42,6 +42,11 @@ PF_DEV bool gathered(int64_t v, int64_t n, int64_t* fault, int64_t site) {
 
 PF_DEV uint32_t float_bits(float x) { return __float_as_uint(x); }
 PF_DEV float bits_float(uint32_t u) { return __uint_as_float(u); }
+}  // namespace pf
+
+#include "polyfuse_round.h"  // f16 and bf16 bits rounded to nearest even (HIP, bf16 before sm_80)
+
+namespace pf {
 
 // ---------------------------------------------------------------- f16 (IEEE binary16)
 #if !defined(__HIPCC__)
@@ -70,19 +75,7 @@ PF_DEV float f16_to_float(uint16_t h) {
     return bits_float(sign | ((exp + 112) << 23) | (man << 13));
 }
 
-PF_DEV uint16_t float_to_f16(float x) {
-    uint32_t u = float_bits(x);
-    uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);  // NaN / inf
-    if (a >= 0x477ff000u) return sign | 0x7c00u;                                 // rounds past 65504
-    if (a < 0x38800000u) {                                                        // subnormal or zero
-        float v = bits_float(a) * 16777216.0f;                                    // exact: scale by 2^24
-        return sign | static_cast<uint16_t>(rintf(v));
-    }
-    uint32_t m = a + 0xfffu + ((a >> 13) & 1u);                                   // round to nearest even
-    return sign | static_cast<uint16_t>((m - 0x38000000u) >> 13);
-}
+PF_DEV uint16_t float_to_f16(float x) { return f16_bits_rne(x); }
 #endif
 
 // NumPy's maximum/minimum of f32 (NaN if either is NaN) in one instruction on sm_80+ (max.NaN / min.NaN)
@@ -122,9 +115,7 @@ PF_DEV uint16_t float_to_bf16(float x) {
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
     return h;
 #else
-    uint32_t u = float_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    return bf16_bits_rne(x);
 #endif
 }
 

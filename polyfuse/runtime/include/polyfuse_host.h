@@ -33,6 +33,11 @@ inline bool gathered(int64_t v, int64_t n, int64_t* fault, int64_t site) {
 
 inline uint32_t float_bits(float x) { uint32_t u; std::memcpy(&u, &x, 4); return u; }
 inline float bits_float(uint32_t u) { float x; std::memcpy(&x, &u, 4); return x; }
+}  // namespace pf
+
+#include "polyfuse_round.h"  // f16 and bf16 bits rounded to nearest even
+
+namespace pf {
 
 // ---------------------------------------------------------------- f16 (IEEE binary16)
 inline float f16_to_float(uint16_t h) {
@@ -48,30 +53,14 @@ inline float f16_to_float(uint16_t h) {
     return bits_float(o | ((x & 0x8000u) << 16));
 }
 
-inline uint16_t float_to_f16(float x) {
-    uint32_t u = float_bits(x);
-    uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return sign | (a > 0x7f800000u ? 0x7e00u : 0x7c00u);  // NaN / inf
-    if (a >= 0x477ff000u) return sign | 0x7c00u;                                 // rounds past 65504
-    if (a < 0x38800000u) {                                                        // subnormal or zero
-        float v = bits_float(a) * 16777216.0f;                                    // exact: scale by 2^24
-        return sign | static_cast<uint16_t>(std::nearbyint(v));
-    }
-    uint32_t m = a + 0xfffu + ((a >> 13) & 1u);                                   // round to nearest even
-    return sign | static_cast<uint16_t>((m - 0x38000000u) >> 13);
-}
+inline uint16_t float_to_f16(float x) { return f16_bits_rne(x); }
 
 inline float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 
 // ---------------------------------------------------------------- bf16
 inline float bf16_to_float(uint16_t h) { return bits_float(static_cast<uint32_t>(h) << 16); }
 
-inline uint16_t float_to_bf16(float x) {
-    uint32_t u = float_bits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-    return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+inline uint16_t float_to_bf16(float x) { return bf16_bits_rne(x); }
 
 inline float round_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 
