@@ -62,20 +62,23 @@ class Launch:
 
 @dataclass(frozen=True)
 class Arg:
-    """One array argument of a kernel: its tensor name, role, shape and dtype, and what an input
-    promises about its values (``sign``, ``finite``: see :class:`~polyfuse.ir.stmt.Tensor`).
-
-    ``shape`` entries are ints, the names of size parameters, or the text of an expression of them (a scratch
-    array of a tiled loop: ``ceil(M / 4)`` partials), whose value the runtime computes from ``extents``.
-    """
+    """One array argument of a kernel: its tensor name, role, dimensions (``extents``) and dtype, and what an
+    input promises about its values (``sign``, ``finite``: see :class:`~polyfuse.ir.stmt.Tensor`)."""
 
     name: str
     role: str
-    shape: tuple[int | str, ...]
+    extents: tuple[Expr, ...]
     dtype: DType
     sign: str | None = None
     finite: bool = False
-    extents: tuple[Expr, ...] = ()
+
+    @property
+    def shape(self) -> tuple[int | str, ...]:
+        """The dimensions as a signature shows them: ints, the names of size parameters, or the text of an
+        expression of them (a scratch array of a loop tiled over a size: ``(M + 3) // 4`` partials), whose
+        value the runtime computes from :attr:`extents`."""
+        return tuple(int(d.value) if isinstance(d, Const) else d.name if isinstance(d, Var) else str(d)
+                     for d in self.extents)
 
 
 @dataclass(frozen=True)
@@ -134,12 +137,5 @@ def entry_name(program_name: str) -> str:
 
 
 def arg_of(t: Tensor) -> Arg:
-    """The signature entry of a tensor argument (constant dimensions as ints, parameters by name)."""
-    def dim(d: Expr) -> int | str:
-        if isinstance(d, Const):
-            return int(d.value)
-        if isinstance(d, Var):
-            return d.name
-        return str(d)
-
-    return Arg(t.name, t.role, tuple(dim(d) for d in t.shape), t.dtype, t.sign, t.finite, tuple(t.shape))
+    """The signature entry of a tensor argument."""
+    return Arg(t.name, t.role, tuple(t.shape), t.dtype, t.sign, t.finite)

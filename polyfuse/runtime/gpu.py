@@ -252,7 +252,7 @@ def _shape(spec: Arg, sizes: Mapping[str, int]) -> tuple[int, ...]:
     """The array's shape at ``sizes``: a dimension that is an expression of them (scratch of a tiled loop over a
     size parameter) is evaluated."""
     return tuple(d if isinstance(d, int) else sizes[d] if d in sizes else evaluate(e, sizes)
-                 for d, e in zip(spec.shape, spec.extents or spec.shape, strict=True))
+                 for d, e in zip(spec.shape, spec.extents, strict=True))
 
 
 def _check(d: _Device, spec: Arg, sizes: Mapping[str, int]) -> None:
