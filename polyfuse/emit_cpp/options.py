@@ -71,9 +71,9 @@ class CodegenOptions:
     default GPU schedules then do not roll such rows over chunks.
     ``fold_combine``: a split-k combine runs in its partial kernel's launch, by the last block of each row
     (:mod:`~polyfuse.emit_cpp.fold`), where that is legal and that block runs at most ``fold_serial`` blocks of
-    the combine one after another (more run in parallel in a launch of their own: folding was measured faster
-    with 2 such blocks and slower with 16, as MLA decode has; see benchmarks/results); off: its own launch after
-    the partial kernel.
+    the combine one after another (more run in parallel in a launch of their own: a long serial combine costs
+    more than the launch it saves, as MLA decode's does; benchmarks/results has the measurements); off: its
+    own launch after the partial kernel.
     """
 
     fast_exp: bool = True
