@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from polyfuse import ops
-from polyfuse.emit_cpp import CUDA, HIP, emit
+from polyfuse.emit_cpp import CUDA, HIP, emit, gpu_plan
 from polyfuse.tiling.grid import CTA, partition
 from polyfuse.emit_cpp.dotplan import Frame, exact_low, k_groups
 from polyfuse.emit_cpp.options import CodegenOptions
@@ -328,11 +328,11 @@ def test_independent_blocks_of_an_inner_loop_become_separate_tiles():
 
 
 def test_exact_16_bit_operands_are_staged_by_cp_async():
-    # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between.  q does not
-    # change with the loop: copied once, at the first iteration, into a buffer of its own.  k and v are
-    # copied at every iteration; each dot commits its copies and waits for them right before the
-    # barrier that publishes its operands.
-    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH).text
+    # q, k and v (P is split hi+lo instead): 16 bytes a copy, with no register in between.  Without copies
+    # ahead, q (it does not change with the loop) is copied once, at the first iteration, into a buffer of its
+    # own; k and v are copied at every iteration; each dot commits its copies and waits for them right before
+    # the barrier that publishes its operands.
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(stream_ahead=False)).text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
     assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
@@ -342,6 +342,55 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
     assert re.search(r"uint16_t\* pf_ta\d+ = pf_keep\d+;", text)
     assert len(re.findall(r"pf::cp_async_commit\(\);\s*pf::cp_async_wait<0>\(\);\s*__syncthreads\(\);", text)) == 2
     assert text.count("cp_async_wait<0>") == 3  # the two dots, and the drain after the loop
+
+
+def test_varying_tiles_are_copied_one_iteration_ahead():
+    # With copies ahead (the default): q and the first iteration's k and v before the loop, one group; at the
+    # top of each iteration a wait and a barrier publish its tiles, then the next iteration's k and v are
+    # copied into the other halves of their buffers (the loop variable shadowed by the next one) while this
+    # one computes.  The dots neither copy nor wait: the first (q·kᵀ) not even a barrier of its own.
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH).text
+    loop = _loop_body(text, "for (int j_0 = 0;")
+    before = text[:text.index("for (int j_0 = 0;")]
+    assert before.count("pf::cp_async16(") == 3 and loop.count("pf::cp_async16(") == 2
+    top = re.match(r"for \(int j_0 = 0; [^{]*\{\s*pf::cp_async_wait<0>\(\);[^\n]*\s*__syncthreads\(\);\s*"
+                   r"if \(j_0 \+ 1 < \(i_0 \+ \(1\)\)\) \{\s*const int pf_next = j_0 \+ 1;\s*"
+                   r"\{\s*const int j_0 = pf_next;", loop)
+    assert top is not None
+    halves = re.findall(r"pf::cp_async16\(&\(pf_keep(\d+) \+ \(j_0 & 1\) \* (\d+)\)\[pf_d\]", loop)
+    assert len(halves) == 2 and len({k for k, _ in halves}) == 2
+    assert loop.count("pf::cp_async_wait") == 1 and loop.count("pf::cp_async_commit") == 1
+    qk = _statement(loop, "qk")
+    assert "__syncthreads();" not in qk.split("pf::ldmatrix")[0]
+    assert re.search(r"uint16_t\* pf_tb\d+ = \(pf_keep\d+ \+ \(j_0 & 1\) \* \d+\);  // copied ahead", qk)
+    plan = str(gpu_plan(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH)[1])
+    assert "two halves, the next iteration's copied during this one" in plan and "copied before the loop" in plan
+
+
+@pytest.mark.parametrize(("keys", "ahead"), [(4096, True), (32768, False)])
+def test_tiles_are_copied_ahead_only_where_every_block_still_fits_at_once(keys, ahead):
+    # Global decode, 16 heads: at 4096 keys 64 blocks, which fit at once with the second halves of their k and v
+    # tiles (2 per SM); at 32768 keys 512 blocks, which would not: the kernel copies each iteration's tiles when
+    # it needs them (7 blocks per SM), and its plan says why.
+    sizes = {"B": 1, "Hq": 16, "Hkv": 16, "Skv": keys, "D": 64, "Dv": 64}
+    text = str(gpu_plan(_tiles("attn_global", "decode", **sizes), CUDA)[1])
+    assert ("two halves, the next iteration's copied during this one" in text) == ahead
+    assert ("tiles copied when each iteration needs them, not ahead: with their second halves, its 85568 bytes of "
+            "shared memory would let 2 blocks per SM run at once, too few for its 512 blocks on 132 SMs" in text) == (
+        not ahead)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("name", ["attn_global", "attn_mla_decode", "attn_causal"])
+def test_decode_with_tiles_copied_ahead_compiles(name):
+    # Decode's key loop at a bench-like size (several tiles per split, a masked last tile for MLA's 40 keys
+    # at the test size) with its tiles copied ahead, under -Werror (the shadowed loop variable included).
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    sizes = {"Skv": 1000} if name != "attn_mla_decode" else {"Skv": 1000, "H": 16}
+    source = emit(_tiles(name, "decode", **sizes), CUDA)
+    assert "// the next iteration's tiles" in source.text
+    compile_gpu(source.text, f"ahead_{name}", "cuda", source.target.arch, options=WERROR, compile_only=True)
 
 
 def test_synchronous_staging_copies_through_registers_when_cp_async_is_off():
@@ -356,7 +405,7 @@ def test_mla_reads_its_value_tile_from_its_key_tile():
     # pitch, qk dim 64 + 8), instead of copying the first Dv columns again.
     text = emit(_tiles("attn_mla_decode", "decode", Skv=64), CUDA).text
     assert text.count("// holds this operand (copied for score)") == 1
-    assert text.count("pf::cp_async16(") == 2  # q (once) and the kv tile
+    assert text.count("pf::cp_async16(") == 3  # q and the first kv tile before the loop, the next kv tile in it
     assert re.search(r"pf::ldmatrix_x2_trans\(pf_fb, &pf_tb\d+\[\(pf_kk \+ pf_lane % 16\) \* 72 \+ pf_nt \* 8\]\)",
                      text)
 
@@ -364,7 +413,7 @@ def test_mla_reads_its_value_tile_from_its_key_tile():
 def test_a_masked_tile_is_not_shared():
     # 40 keys in tiles of 16: the last tile is masked, so the value product copies its own tile.
     text = emit(_tiles("attn_mla_decode", "decode"), CUDA).text
-    assert "holds this operand" not in text and text.count("pf::cp_async16(") == 3
+    assert "holds this operand" not in text and text.count("pf::cp_async16(") == 5  # q, k, v; k and v ahead
 
 
 def test_staging_skips_the_padding_rows_of_a_single_query_row():
@@ -526,7 +575,8 @@ def test_min_blocks_asks_for_registers_that_let_blocks_reside():
     # Causal prefill's block takes 62 KB of shared memory at the bench preset: 3 blocks fit on an SM, and
     # the kernel asks for registers that let 3 reside.  Global prefill's 42 KB let 5 reside: it asks nothing.
     for name, asks in (("attn_causal", True), ("attn_global", False)):
-        source = emit(_tiles(name, "prefill", tuning=OLD_TILE, **ops.get(name).presets["prefill"]), SHARED_PATH)
+        source = emit(_tiles(name, "prefill", tuning=OLD_TILE, **ops.get(name).presets["prefill"]),
+                      SHARED_PATH.with_options(stream_ahead=False))
         (launch,) = source.launches
         resident = CUDA.device.blocks_per_sm(launch.shared)
         assert (resident <= CUDA.options.min_blocks) == asks
@@ -569,8 +619,9 @@ def _loop_body(text: str, header: str) -> str:
 def test_rolling_statistics_are_one_row_group():
     # The split decode's rolling loop: the saved maximum, the maximum, the row sum of the tile and the
     # rolling row sum are one pass (the row sum moved ahead of the independent value product), 16 lanes per
-    # head reducing by shuffles; lane 0 stores after a warp barrier.  Five block barriers per key tile
-    # instead of ten, and the product's repair factor is computed per fragment row, not in a pass of its own.
+    # head reducing by shuffles; lane 0 stores after a warp barrier.  Five block barriers per key tile (the
+    # first, at its top, publishes the tiles copied ahead) instead of ten, and the product's repair factor is
+    # computed per fragment row, not in a pass of its own.
     sizes = ROW_GROUP_CASES[0][2]
     loop = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
     assert "// row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf\n" in loop

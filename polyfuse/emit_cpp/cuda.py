@@ -94,6 +94,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
+        self.published: str | None = None
+        """The first statement of an iteration whose tiles were copied ahead and published at its top
+        (:func:`~polyfuse.emit_cpp.stream.top`): its dot needs no barrier of its own for them."""
         self.presplit = plan.presplit
         self.fast_exp = plan.fast_exp and self.fast_exp_function is not None
         """f32 ``exp`` is ``fast_exp_function`` (the plan's ``fast_exp``; this backend may have none)."""
@@ -182,7 +185,15 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         for tile in lp.streams.kept if lp.streams is not None else ():
             self.shared_array("uint16_t", tile.buffer, tile.nbytes, lp.offsets[tile.buffer])
         mark = self.scratch
-        super().loop(s)
+        if lp.streams is not None and lp.streams.ahead:
+            stream.prologue(self, lp.streams, s)
+            self.open(self.loop_header(s))
+            self.allocate(s)
+            stream.top(self, lp.streams, s)
+            self.stmt(s.body)
+            self.close()
+        else:
+            super().loop(s)
         if lp.streams is not None:
             stream.drain(self)
         self.scratch = mark

@@ -437,6 +437,12 @@ class LdmatrixFragment:
         return f"({nt} * 8 + {lane} % 8) * {stride} + {k} + (({lane} / 8) % 2) * 8"
 
 
+def half_pointer(buffer: str, loop_var: str, half: int) -> str:
+    """C text of the half of a two-part ``buffer`` (``half`` elements each) that iteration ``loop_var`` reads
+    (``buffer`` itself where ``half`` is 0: one part)."""
+    return f"({buffer} + ({loop_var} & 1) * {half})" if half else buffer
+
+
 @dataclass(frozen=True)
 class OperandPlan:
     """Where one staged operand comes from before the product reads it.
@@ -456,6 +462,18 @@ class OperandPlan:
     every_iteration: bool = False
     holder: str | None = None
     loop_var: str | None = None
+    ahead: bool = False
+    """The loop copies the tile ahead of its use (:mod:`~polyfuse.emit_cpp.stream`: before the loop, or during the
+    previous iteration): the dot neither copies nor waits."""
+    half: int = 0
+    """The 16-bit elements of each of the two halves of ``buffer`` where the tile changes with the loop and is
+    copied ahead (iteration ``loop_var`` reads half ``loop_var & 1``); 0: one buffer."""
+
+    @property
+    def pointer(self) -> str:
+        """C text of where this iteration's operand lies in its kept ``buffer``."""
+        assert self.buffer is not None and (self.loop_var is not None or not self.half)
+        return half_pointer(self.buffer, self.loop_var or "", self.half)
 
     @property
     def own_bytes(self) -> int:
@@ -522,7 +540,9 @@ class DotPlan:
 
 def _source(op: OperandPlan) -> str:
     if op.source == "kept":
-        return f"kept in {op.buffer} ({'copied every iteration' if op.every_iteration else 'copied once'})"
+        copied = ("copied one iteration ahead" if op.half else "copied before the loop" if op.ahead else
+                  "copied every iteration" if op.every_iteration else "copied once")
+        return f"kept in {op.buffer} ({copied})"
     if op.source == "held":
         return f"read from {op.buffer}, the tile of {op.holder}"
     if op.source == "cp.async" and len(op.parts) == 2:

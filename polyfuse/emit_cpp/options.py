@@ -74,6 +74,10 @@ class CodegenOptions:
     the combine one after another (more run in parallel in a launch of their own: a long serial combine costs
     more than the launch it saves, as MLA decode's does; benchmarks/results has the measurements); off: its
     own launch after the partial kernel.
+    ``stream_ahead``: a loop outside warp fragments that keeps its products' operand tiles in shared memory keeps
+    every operand that changes with it, in two halves, and copies the next iteration's while it computes this one
+    (the invariant tiles and the first iteration's before the loop: :mod:`~polyfuse.emit_cpp.stream`); off: each
+    iteration's tiles are copied when its products need them, and waited for at once.
     """
 
     fast_exp: bool = True
@@ -109,6 +113,7 @@ class CodegenOptions:
     row_registers: int = 64
     fold_combine: bool = True
     fold_serial: int = 2
+    stream_ahead: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

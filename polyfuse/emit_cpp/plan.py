@@ -139,6 +139,9 @@ class KernelPlan:
     fold`); ``folded`` is that combine's plan (for this kernel's threads, its shared memory from byte 0)."""
     folded: KernelPlan | None = None
     unfolded: str = ""
+    behind: str = ""
+    """Where its loops copy their tiles when each iteration needs them although the options' ``stream_ahead``
+    is on: why (:func:`_ahead_fits`)."""
     """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
 
     def describe(self) -> str:
@@ -254,11 +257,16 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
-    """A kernel's plan; planned again without kept tiles where they would take more shared memory than a
-    block may have, and refused (UnsupportedPattern) where it still does."""
+    """A kernel's plan; planned again without tiles copied ahead where their second halves would let fewer of
+    its blocks run at once (:func:`_ahead_fits`), without kept tiles where they would take more shared memory
+    than a block may have, and refused (UnsupportedPattern) where it still does."""
     if nest.kind == MAP:
         return KernelPlan(name, nest, frame.threads, frame.warp)
     plan = _Planner(nest, name, frame, True, device).run()
+    behind = _ahead_fits(plan, nest, device)
+    if behind:
+        frame = dataclasses.replace(frame, options=dataclasses.replace(frame.options, stream_ahead=False))
+        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), behind=behind)
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
@@ -284,6 +292,27 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
         # only where the launch bounds name one block per SM
         resident_blocks, asked = 1, 1
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
+
+
+def _ahead_fits(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:
+    """Why the tiles ``plan`` copies one iteration ahead leave no room for all of its blocks at once (one wave of
+    resident blocks); empty where they do, or where it copies none ahead.
+
+    Copying ahead overlaps a block's next copies with its computing, but the second halves of the tiles take
+    shared memory: where the grid has more blocks than the SMs hold with them, fewer blocks stream at once, which
+    costs more than the overlap gains (decode attention at 32768 keys and in batches measured slower; at 1024 and
+    4096 keys, a grid of one wave, faster: benchmarks/results has both).  A grid whose size is a parameter counts
+    as too large."""
+    if not any(lp.streams is not None and lp.streams.ahead for lp in plan.loops.values()):
+        return ""
+    if not all(isinstance(lp.extent, Const) for lp in nest.chain):
+        return "its grid's size is a parameter (copies ahead only where all blocks fit at once)"
+    blocks = math.prod(int(lp.extent.value) for lp in nest.chain)
+    resident = device.blocks_per_sm(plan.peak)
+    if blocks <= device.sms * resident:
+        return ""
+    return (f"with their second halves, its {plan.peak} bytes of shared memory would let {resident} blocks per SM "
+            f"run at once, too few for its {blocks} blocks on {device.sms} SMs")
 
 
 def _heavy_first(nest: GridNest) -> str | None:
@@ -416,7 +445,7 @@ class _Planner:
         self.shared_names |= added
         streams = None
         if frame.tensor_cores and self.streams is None and self.keep_tiles:
-            streams = stream.plan(self.here({}), s, self.fresh)
+            streams = stream.plan(self.here({}), s, self.fresh, frame.options.stream_ahead)
         for tile in streams.kept if streams is not None else ():
             offsets[tile.buffer] = self.scratch
             self.take(tile.nbytes)
@@ -686,6 +715,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
         lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
     if k.unfolded:
         lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
+    if k.behind:
+        lines.append(f"  tiles copied when each iteration needs them, not ahead: {k.behind}")
     if isinstance(k.rows, onchip.RowsOnChip):
         lines += [f"  {t}" for t in k.rows.describe()]
     else:
