@@ -81,7 +81,8 @@ def test_tiling_rule_follows_the_tuning_and_the_device():
     half = dataclasses.replace(tuning, decode_blocks_per_sm=4)
     assert gpu_decode_tiling(1, 128, 1, 32768, 576, device=small, tuning=half).splits(32768) == 16
     assert gpu_decode_tiling(1, 24, 8, 4096, 128, tuning=tuning).heads == 3  # a divisor of the group of 3
-    assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=GpuTuning(decode_min_split=4096)).splits(32768) == 8
+    long_splits = GpuTuning(decode_min_split=4096, decode_short_split=4096)
+    assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=long_splits).splits(32768) == 8
     assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=GpuTuning(combine_columns=64)).columns == 64
 
 
@@ -286,3 +287,18 @@ def test_compaction_of_a_nested_split_indexes_by_modulo():
     assert [int(x.value) for x in shapes["qk"]] == [1, 1, 1, 16]
     text = str(report.program)
     assert "qk[0, 0, i, j % 16]" in text and "score[0, 0, i, j % 16]" in text
+
+
+@pytest.mark.parametrize(("args", "split", "splits"), [
+    ((1, 16, 16, 4096, 64), 256, 16),  # 16 heads x 4 splits of 1024 = 64 blocks < 132 SMs: splits of 256
+    ((1, 16, 16, 1024, 64), 256, 4),
+    ((1, 64, 8, 4096, 128), 256, 16),  # GQA: 8 head groups
+    ((1, 16, 16, 32768, 64), 1024, 32),  # 512 blocks: the 1024-key splits stand
+    ((1, 128, 1, 32768, 576), 1024, 32),  # MLA: 8 head groups x 32 = 256 blocks
+    ((32, 64, 64, 4096, 128), 4096, 1),  # 2048 blocks without splitting
+])
+def test_short_splits_only_where_the_grid_would_leave_sms_idle(args, split, splits):
+    # Splits shorter than decode_min_split (down to decode_short_split keys) where the longer ones would give the
+    # grid fewer blocks than the device has SMs (132 on sm_90a); elsewhere the combine's traffic keeps them long.
+    tiling = gpu_decode_tiling(*args)
+    assert (tiling.split, tiling.splits(args[3])) == (split, splits)

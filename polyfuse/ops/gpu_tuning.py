@@ -71,6 +71,11 @@ class GpuTuning:
     decode_min_split: int = 1024
     """Fewest keys per split when the keys are split (the combine reads one partial result per split: below
     about a thousand keys per block its traffic outweighs the extra parallelism; MLA and GQA, measured above)."""
+    decode_short_split: int = 256
+    """Fewest keys per split where splits of ``decode_min_split`` keys would give the grid fewer blocks than the
+    device has SMs (small batches of short caches): there the idle SMs cost more than the combine's extra partial
+    results, while where the longer splits already fill the SMs shorter ones were slower
+    (benchmarks/results/2026-11-28_H100_d5d2e1e_splits)."""
     decode_wave_gain: int = 15
     """Percentage points of the last wave's busy fraction by which another split count must beat the one the
     rules above give before the decode split rule takes it (:func:`~polyfuse.ops.schedules.wave_splits`).  Decode
