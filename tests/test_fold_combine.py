@@ -263,6 +263,26 @@ def test_decode_kernels_compile_for_sm90a(name, preset):
             assert "split-k combine folded in" in plan or "CodegenOptions.fold_serial is 2" in plan
 
 
+UNIT_GRID = [("attn_global", {"B": 1, "Hq": 1, "Hkv": 1, "Skv": 4096, "D": 64, "Dv": 64}),
+             ("attn_mla_decode", {"B": 1, "H": 16, "Skv": 1024, "Dv": 64, "Drope": 16})]
+"""Decode whose grid loops above the split all run once (one batch row, every head in one block)."""
+
+
+@pytest.mark.parametrize(("name", "sizes"), UNIT_GRID)
+def test_the_split_is_the_grid_where_every_loop_above_it_runs_once(name, sizes):
+    # The split-k partials and their combine are two nests even where the loops above the split (b, i, and h or
+    # none) all run once: the splits are the partial kernel's grid, not a serial loop of a single block.
+    op = ops.get(name)
+    sizes = op.sizes("decode", sizes)
+    tiles = to_tiles(default_schedule(name, "decode", op.program("decode", **sizes), target="cuda").program)
+    nests = lower_for_gpu(tiles).nests
+    assert len(nests) == 2
+    assert any(lp.var.name == "j_0" and lp.extent != Const(1, lp.extent.dtype) for lp in nests[0].chain)
+    assert len(emit(tiles, CUDA).launches) == 2
+    if shutil.which("nvcc") is not None:
+        _compile(emit(tiles, CUDA), f"unit_grid_{name}")
+
+
 # ------------------------------------------------------------------ on the GPU
 
 GPU_CASES = [
@@ -284,6 +304,30 @@ VARIANTS = ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special
 def test_folded_decode_matches_two_launches_and_numpy_twice_in_a_row(name, tiling, sizes):
     op, sizes, sch = _tiled(name, tiling, **sizes)
     _folded_against_two_launches(op, "decode", sizes, sch, tiling.splits(sizes["Skv"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(("name", "sizes"), UNIT_GRID)
+def test_decode_split_over_a_grid_of_splits_matches_numpy(name, sizes):
+    # The programs of the test above, run: partials over a grid of splits, then the combine, against NumPy on
+    # every magnitude and input variant.
+    from polyfuse.errors import BackendUnavailable
+    from polyfuse.pipeline import build
+
+    op = ops.get(name)
+    sizes = op.sizes("decode", sizes)
+    try:
+        kernel = build(default_schedule(name, "decode", op.program("decode", **sizes), target="cuda"), "cuda",
+                       sizes=sizes, werror=True)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    assert len(kernel.kernel_source.launches) == 2
+    tolerance = op.tolerance("decode", sizes)
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            inputs = op.inputs(11, "decode", sizes, magnitude, variant)
+            result = ops.compare(kernel.run(inputs), op.reference(inputs, "decode", sizes), tolerance)
+            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
 
 
 @pytest.mark.gpu

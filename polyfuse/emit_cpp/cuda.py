@@ -51,6 +51,7 @@ from polyfuse.ir.expr import BinOp, Const, Expr
 from polyfuse.ir.stmt import INPUT, OUTPUT, TEMP, Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.gpu import GpuProgram
 from polyfuse.tiling.grid import MAP
+from polyfuse.tiling.parallel import unit_loop
 from polyfuse.tiling.htile import (
     Dot, Reduce, Slice, TileLoad, TileStore, axes_of, has_gathers, walk_tile_expr,
 )
@@ -540,7 +541,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
                 ext = self.scalar(lp.extent, {})
                 t = self.widths.loop
                 value = f"({ext} - 1) - pf_bid % {ext}" if lp in heavy else f"pf_bid % {ext}"
-                self.line(f"const {t} {lp.var.name} = static_cast<{t}>({value});")
+                # (a loop that runs once may have been simplified out of every index)
+                unused = "[[maybe_unused]] " if unit_loop(lp) else ""
+                self.line(f"{unused}const {t} {lp.var.name} = static_cast<{t}>({value});")
                 self.line(f"pf_bid /= {ext};")
             for lp in nest.chain:
                 blocks = lp.extent if blocks == Const(1, dt.i64) else BinOp("*", blocks, lp.extent)

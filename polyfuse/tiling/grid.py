@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from polyfuse.tiling.parallel import ALLOC, allocated_at, parallel_depth, perfect_chain
+from polyfuse.tiling.parallel import ALLOC, allocated_at, independent_depth, parallel_depth, perfect_chain
 from polyfuse.ir.expr import Expr
 from polyfuse.ir.stmt import TEMP, WARPS, Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import TileLoad, TileProgram, TileStore, map_tile_expr, walk_tile_expr, walk_tile_stmts
@@ -107,8 +107,10 @@ def _tensors_used(s: Stmt) -> set[str]:
 
 
 def _distribute(loop: Loop, tensors: dict[str, Tensor]) -> list[Loop]:
-    """``[loop]``, or its split-k distribution into a partial nest and a combine nest."""
-    depth = parallel_depth(loop)
+    """``[loop]``, or its split-k distribution into a partial nest and a combine nest.  Also where the grid loops
+    above the split all run once (decode with every head in one block at batch 1): the split is then the
+    partial nest's grid, not a serial loop of one block."""
+    depth = independent_depth(loop)
     chain = perfect_chain(loop)
     if depth == 0:
         return [loop]
@@ -122,7 +124,7 @@ def _distribute(loop: Loop, tensors: dict[str, Tensor]) -> list[Loop]:
     in_first, in_rest = _tensors_used(first), _tensors_used(rest)
     allocs = allocated_at(last)
     promoted = [n for n in allocs if n in in_first and n in in_rest]
-    if not promoted:
+    if not promoted and depth == parallel_depth(loop):
         return [loop]
     grown = {n: _promote(tensors[n], grid) for n in promoted}
     first = _rewrite_stmt(first, grown, grid)

@@ -39,11 +39,18 @@ def perfect_chain(loop: Loop) -> list[Loop]:
 
 
 def parallel_depth(loop: Loop) -> int:
-    """How many loops of ``loop``'s perfect chain can be collapsed into one parallel loop (0: none)."""
+    """How many loops of ``loop``'s perfect chain can be collapsed into one parallel loop (0: none, or only loops
+    that run once)."""
+    depth = independent_depth(loop)
+    return depth if any(not unit_loop(lp) for lp in perfect_chain(loop)[:depth]) else 0
+
+
+def independent_depth(loop: Loop) -> int:
+    """How many loops of ``loop``'s perfect chain have independent iterations, loops that run once included."""
     chain = perfect_chain(loop)
     for depth in range(len(chain), 0, -1):
         if _independent(chain[:depth]):
-            return depth if any(not unit_loop(lp) for lp in chain[:depth]) else 0
+            return depth
     return 0
 
 
