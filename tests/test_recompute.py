@@ -203,3 +203,70 @@ def _loads(block):
     from polyfuse.ir.visit import loads
 
     return loads(block.store.value)
+
+
+def _value_columns_per_tile(sizes: dict[str, int]) -> tuple[object, dict[str, int], Schedule]:
+    """MLA decode with its value columns cut into tiles: the score chain recomputed per tile of ``pv``'s ``dv``
+    (16 heads and 32 value columns per tile), then split-k over the keys and a rolling loop inside each split."""
+    op = ops.get("attn_mla_decode")
+    sizes = op.sizes("decode", sizes)
+    sch = Schedule(op.program("decode", **sizes))
+    _, h, i, dv, _ = sch.get_loops("pv")
+    h0, h1 = sch.split(h, [None, 16])
+    dv0, _ = sch.split(dv, [None, 32])
+    sch.reorder([i, h0, dv0, h1])
+    sch.reverse_compute_at("out", dv0)
+    for block in ("row_sum", "p_exp", "row_max", "score", "qk"):
+        sch.recompute_at(block, sch.loop("pv", "dv_0"))
+    *_, rows, keys, _ = sch.get_loops("qk")
+    split, step, tile = sch.split(keys, [None, 2, 64])
+    sch.reorder([split, step, rows, tile])
+    sch.reverse_compute_at("score", split)
+    sch.split_k_update("row_sum", split)
+    sch.split_k_update("pv", split, factor_axis=3)
+    sch.reverse_compute_at("score", step)
+    for block in ("row_max_rf", "row_sum_rf", "pv_rf"):
+        sch.rolling_update(block, step)
+    sch.compact_buffers()
+    return op, sizes, sch
+
+
+def test_a_consumer_of_producers_recomputed_per_tile_of_its_loop_fuses():
+    # pv reads the copies of its producers at ``dv // 32`` (the tile of its value column): in loop variables
+    # ``(32·dv_0 + ax1) // 32``, which the numerics fold to ``dv_0`` over the consumer's loop ranges, so row_max
+    # is the running max of the very scores the term exponentiates and split-k and rolling both prove their
+    # repairs.  The fused program (interpreted and as host C++) matches NumPy on every input variant; on the GPU
+    # the value-column tiles are a grid loop of the partial kernel.
+    from polyfuse.emit_cpp import CUDA, gpu_plan
+    from polyfuse.pipeline import build
+    from polyfuse.tiling import to_tiles
+
+    op, sizes, sch = _value_columns_per_tile({"B": 2, "Skv": 300, "H": 32, "Dv": 64, "Drope": 16})
+    assert "split_k_update(block='pv'" in sch.trace.python()
+    kernel = build(sch, "cpp")
+    tolerance = op.tolerance("decode", sizes)
+    for magnitude in op.magnitudes:
+        for variant in ("random", "leading_zeros", "special", "ties"):
+            inputs = op.inputs(3, "decode", sizes, magnitude, variant)
+            reference = op.reference(inputs, "decode", sizes)
+            for got in (interpret(sch.program, inputs), kernel.run(inputs)):
+                result = ops.compare({k: got[k] for k in reference}, reference, tolerance)
+                assert result.ok, f"{variant} at {magnitude:g}: {result.line()}"
+    plan = str(gpu_plan(to_tiles(sch.program), CUDA)[1])
+    assert any(line.startswith("kernel") and "dv_0 < 2" in line for line in plan.splitlines())
+
+
+def test_folding_floor_divisions_needs_the_consumers_ranges():
+    # (32·d + x) // 32 is d only where 0 <= x < 32: without ranges, or with a wider x, the index stays.
+    from polyfuse.ir import dtypes as dt
+    from polyfuse.ir.expr import BinOp, Load
+    from polyfuse.ir.stmt import Tensor
+    from polyfuse.transforms.numerics import in_loops
+
+    t = Tensor("p", (Const(4, dt.i32),), dt.f32)
+    d, x = Var("d", dt.i32), Var("x", dt.i32)
+    index = BinOp("//", BinOp("+", BinOp("*", d, Const(32, dt.i32)), x), Const(32, dt.i32))
+    load = Load(t, (index,))
+    assert in_loops((), load, {"d": 4, "x": 32}) == Load(t, (d,))
+    assert in_loops((), load, {"d": 4, "x": 33}) != Load(t, (d,))
+    assert in_loops((), load) != Load(t, (d,))

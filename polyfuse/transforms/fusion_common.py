@@ -85,7 +85,8 @@ def _solve(program: Program, consumer: Block, term: Expr, r_loads: list[Load], t
                         reduce_vars={iv.var.name for iv in consumer.reduce_iters}, approximate=approximate,
                         auxiliary=True, facts=facts, signs=signs,
                         finite=[t.name for t in program.inputs if t.finite],
-                        loops=_bindings(program, consumer), maps=map_definitions(program))
+                        loops=_bindings(program, consumer), maps=map_definitions(program),
+                        ranges=loop_ranges(program, consumer))
 
 
 def map_definitions(program: Program) -> tuple[MapDefinition, ...]:
@@ -106,6 +107,13 @@ def map_definitions(program: Program) -> tuple[MapDefinition, ...]:
             continue
         out.append(MapDefinition(b.store.tensor, tuple(names), b.store.value))
     return tuple(out)
+
+
+def loop_ranges(program: Program, block: Block) -> dict[str, int]:
+    """The constant extents of the loops around ``block``, by loop variable: what a floor division or a
+    remainder of an index in those variables may be folded over (:func:`~polyfuse.transforms.numerics.in_loops`).
+    Only the block's own loops: another nest may reuse a name with another extent."""
+    return {lp.var.name: int(lp.extent.value) for lp in loops_of(program, block.name) if isinstance(lp.extent, Const)}
 
 
 def _bindings(program: Program, block: Block) -> tuple[tuple[str, Expr], ...]:
@@ -166,7 +174,9 @@ def _at_consumer(program: Program, consumer: Block, block: Block, term: Expr) ->
         shared += 1
     free, targets = theirs[shared:], mine[shared:]
     maps = {m.tensor: m for m in map_definitions(program)}
-    reads = {ld for ld in loads(expand_maps(maps, in_loops(_bindings(program, consumer), consumer.reduce_term())))}
+    ranges = loop_ranges(program, consumer)
+    reads = {ld for ld in loads(expand_maps(maps, in_loops(_bindings(program, consumer), consumer.reduce_term(),
+                                                            ranges), ranges))}
     best, best_score = None, -1
     for chosen in itertools.permutations(targets + [None] * len(free), len(free)):
         if any(t is not None and t.extent != f.extent for f, t in zip(free, chosen, strict=True)):
@@ -174,7 +184,7 @@ def _at_consumer(program: Program, consumer: Block, block: Block, term: Expr) ->
         renaming = {f.var.name: Var(t.var.name if t is not None else f"{f.var.name}__own", f.var.dtype)
                     for f, t in zip(free, chosen, strict=True)}
         candidate = expand_maps(maps, in_loops(
-            tuple((n, substitute(b, renaming)) for n, b in _bindings(program, block)), term))
+            tuple((n, substitute(b, renaming)) for n, b in _bindings(program, block)), term, ranges), ranges)
         score = sum(ld in reads for ld in loads(candidate))
         if score > best_score:
             best, best_score = candidate, score

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import sympy
 
 from polyfuse.errors import NonAffineIndex, NoRepairFound, PolyfuseError
-from polyfuse.ir.affine import linear_form
+from polyfuse.ir.affine import fold_div_mod, linear_form
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Load, Var
 from polyfuse.ir.stmt import Tensor
 from polyfuse.ir.visit import map_expr, substitute, walk_expr
@@ -107,11 +107,13 @@ class _Space:
     load), its previous value r (a placeholder load ``<name>__old<k>``), and the accumulator t."""
 
     def __init__(self, facts: Sequence[ProducerFacts], signs: Mapping[str, str], finite: frozenset[str],
-                 loops: Sequence[tuple[str, Expr]], maps: Sequence[MapDefinition]):
+                 loops: Sequence[tuple[str, Expr]], maps: Sequence[MapDefinition],
+                 ranges: Mapping[str, int] | None = None):
         self.facts = list(facts)
         self.finite = finite
         self.finite_symbols: set[sympy.Symbol] = set()
         self.loops = tuple(loops)
+        self.ranges = dict(ranges or {})
         self.maps = {m.tensor: m for m in maps}
         self.table = SymbolTable(reserved=("t",))
         self.signs = signs
@@ -143,7 +145,9 @@ class _Space:
         """``e`` (in the consumer's variables, or those of ``loops``) in loop variables, with the
         temporaries that map blocks compute elementwise written out (so that ``score`` and its
         definition ``qk·scale`` are one value)."""
-        return expand_maps(self.maps, in_loops(self.loops if loops is None else loops, e))
+        # the ranges are the consumer's loops': a producer's own loops may reuse their names with other extents
+        ranges = self.ranges if loops is None else None
+        return expand_maps(self.maps, in_loops(self.loops if loops is None else loops, e, ranges), ranges)
 
     def sym(self, e: Expr, *, loops: Sequence[tuple[str, Expr]] | None = None) -> sympy.Basic:
         """sympy for ``e``, given in the consumer's variables (or those ``loops`` bind)."""
@@ -174,14 +178,15 @@ class MapDefinition:
 
 def check_numerics(repair, term: Expr, facts: Sequence[ProducerFacts], *, signs: Mapping[str, str] | None = None,
                    finite: frozenset[str] = frozenset(), loops: Sequence[tuple[str, Expr]] = (),
-                   maps: Sequence[MapDefinition] = ()) -> Numerics:
+                   maps: Sequence[MapDefinition] = (), ranges: Mapping[str, int] | None = None) -> Numerics:
     """The side conditions of the module docstring for ``repair`` of a consumer with term ``term``
     reading the producer values of ``facts``; raises :class:`NoRepairFound` with the condition
     that fails.  ``signs`` gives tensors whose values are known "nonnegative" or "positive", ``finite``
     those known to hold no ±inf or NaN;
     ``loops`` the consumer's iteration variables' bindings (the facts' terms are in loop variables),
-    ``maps`` the temporaries computed elementwise that the terms read."""
-    space = _Space([f for f in facts if f.load in repair.producers], signs or {}, finite, loops, maps)
+    ``maps`` the temporaries computed elementwise that the terms read, ``ranges`` the extents of the
+    consumer's loop variables (:func:`in_loops`)."""
+    space = _Space([f for f in facts if f.load in repair.producers], signs or {}, finite, loops, maps, ranges)
     try:
         return _Checker(space, repair, term).run()
     except (TypeError, ValueError, NotImplementedError, RecursionError, ZeroDivisionError) as err:
@@ -597,23 +602,26 @@ class _Checker:
         return all(c.is_number for c in coeffs) and sum(abs(float(c)) for c in coeffs) <= 1
 
 
-def in_loops(bindings: Sequence[tuple[str, Expr]], e: Expr) -> Expr:
+def in_loops(bindings: Sequence[tuple[str, Expr]], e: Expr, ranges: Mapping[str, int] | None = None) -> Expr:
     """``e`` with a block's iteration variables replaced by their ``bindings`` (loop variables) and
     every affine index in one canonical form, so that two blocks' expressions for one element (a
-    consumer's and its producer's) compare equal."""
+    consumer's and its producer's) compare equal.  ``ranges`` (loop variable → extent) folds the floor
+    divisions and remainders they decide: a producer recomputed per tile of a consumer's loop is read at
+    ``dv // 256`` by the consumer, ``(256·dv_0 + dv_1) // 256`` in loop variables, which is ``dv_0``."""
     out = substitute(e, dict(bindings))
-    return map_expr(out, lambda n: Load(n.tensor, tuple(_canonical(i) for i in n.indices))
+    return map_expr(out, lambda n: Load(n.tensor, tuple(_canonical(fold_div_mod(i, ranges or {}))
+                                                        for i in n.indices))
                     if isinstance(n, Load) else None)
 
 
-def expand_maps(maps: Mapping[Tensor, MapDefinition], e: Expr) -> Expr:
+def expand_maps(maps: Mapping[Tensor, MapDefinition], e: Expr, ranges: Mapping[str, int] | None = None) -> Expr:
     """``e`` (in loop variables) with every read of a temporary of ``maps`` replaced by its definition."""
     for _ in range(len(maps)):
         expanded = map_expr(e, lambda n: maps[n.tensor].at(n.indices) if isinstance(n, Load) and n.tensor in maps
                             else None)
         if expanded == e:
             break
-        e = in_loops((), expanded)
+        e = in_loops((), expanded, ranges)
     return e
 
 

@@ -187,7 +187,8 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
                  reduce_vars: Collection[Var | str] | None = None, approximate: bool = False,
                  auxiliary: bool = False, facts: Sequence[ProducerFacts] | None = None,
                  signs: Mapping[str, str] | None = None, finite: Collection[str] = (),
-                 loops: Sequence[tuple[str, Expr]] = (), maps: Sequence[MapDefinition] = ()) -> Repair:
+                 loops: Sequence[tuple[str, Expr]] = (), maps: Sequence[MapDefinition] = (),
+                 ranges: Mapping[str, int] | None = None) -> Repair:
     """Find and prove the repair of ``X = X ⊕ term`` for the given producer loads.
 
     ``nonnegative`` / ``positive`` name loads (or variables) known to be >= 0 / > 0
@@ -200,8 +201,8 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
     see :mod:`~polyfuse.transforms.auxiliary`) — the caller must then add those reductions.
 
     ``facts`` describe the producers' running values (:class:`~polyfuse.transforms.numerics.ProducerFacts`,
-    with ``signs`` of other tensors, the ``finite`` ones, the consumer's ``loops`` bindings and the
-    elementwise ``maps`` the terms read): each candidate must then
+    with ``signs`` of other tensors, the ``finite`` ones, the consumer's ``loops`` bindings, the
+    elementwise ``maps`` the terms read and the loop variables' ``ranges``): each candidate must then
     also pass the floating-point side conditions of :mod:`~polyfuse.transforms.numerics`, and the
     first that does is the repair.  Without ``facts`` the repair is proven in real arithmetic only,
     which the fusions never accept.  The search stops after ``SOLVER_SECONDS``.
@@ -210,7 +211,7 @@ def solve_repair(reducer: Reducer, term: Expr, producers: Sequence[Load], *,
     result = _solve_cached(reducer, term, tuple(dict.fromkeys(producers)), frozenset(nonnegative),
                            frozenset(positive), rv, approximate, auxiliary,
                            None if facts is None else tuple(facts), tuple(sorted((signs or {}).items())),
-                           frozenset(finite), tuple(loops), tuple(maps))
+                           frozenset(finite), tuple(loops), tuple(maps), tuple(sorted((ranges or {}).items())))
     if isinstance(result, str):
         raise NoRepairFound(result)
     return result
@@ -225,11 +226,11 @@ def _solve_cached(reducer: Reducer, term: Expr, producers: tuple[Load, ...], non
                   positive: frozenset[Expr], reduce_vars: frozenset[str] | None,
                   approximate: bool, auxiliary: bool, facts: tuple[ProducerFacts, ...] | None,
                   signs: tuple[tuple[str, str], ...], finite: frozenset[str], loops: tuple[tuple[str, Expr], ...],
-                  maps: tuple[MapDefinition, ...]) -> Repair | str:
+                  maps: tuple[MapDefinition, ...], ranges: tuple[tuple[str, int], ...] = ()) -> Repair | str:
     try:
         with _deadline(SOLVER_SECONDS):
             solver = _Solver(reducer, term, producers, nonnegative, positive, reduce_vars, approximate)
-            solver.numerics = None if facts is None else (facts, dict(signs), finite, loops, maps)
+            solver.numerics = None if facts is None else (facts, dict(signs), finite, loops, maps, dict(ranges))
             return solver.solve(auxiliary)
     except NoRepairFound as err:
         return str(err)
@@ -350,9 +351,10 @@ class _Solver:
         """``repair`` with its floating-point side conditions proven, or None (the reason appended)."""
         if self.numerics is None:
             return repair
-        facts, signs, finite, loops, maps = self.numerics
+        facts, signs, finite, loops, maps, ranges = self.numerics
         try:
-            numerics = check_numerics(repair, self.term, facts, signs=signs, finite=finite, loops=loops, maps=maps)
+            numerics = check_numerics(repair, self.term, facts, signs=signs, finite=finite, loops=loops, maps=maps,
+                                      ranges=ranges)
         except NoRepairFound as err:
             reasons.append(f"{failing} {err}")
             return None
