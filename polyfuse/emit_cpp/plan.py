@@ -139,9 +139,9 @@ class KernelPlan:
     fold`); ``folded`` is that combine's plan (for this kernel's threads, its shared memory from byte 0)."""
     folded: KernelPlan | None = None
     unfolded: str = ""
-    behind: str = ""
+    not_ahead: str = ""
     """Where its loops copy their tiles when each iteration needs them although the options' ``stream_ahead``
-    is on: why (:func:`_ahead_fits`)."""
+    is on: why (:func:`_why_not_ahead`)."""
     """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
 
     def describe(self) -> str:
@@ -258,15 +258,15 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
     """A kernel's plan; planned again without tiles copied ahead where their second halves would let fewer of
-    its blocks run at once (:func:`_ahead_fits`), without kept tiles where they would take more shared memory
+    its blocks run at once (:func:`_why_not_ahead`), without kept tiles where they would take more shared memory
     than a block may have, and refused (UnsupportedPattern) where it still does."""
     if nest.kind == MAP:
         return KernelPlan(name, nest, frame.threads, frame.warp)
     plan = _Planner(nest, name, frame, True, device).run()
-    behind = _ahead_fits(plan, nest, device)
-    if behind:
+    not_ahead = _why_not_ahead(plan, nest, device)
+    if not_ahead:
         frame = dataclasses.replace(frame, options=dataclasses.replace(frame.options, stream_ahead=False))
-        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), behind=behind)
+        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), not_ahead=not_ahead)
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
@@ -294,7 +294,7 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
 
 
-def _ahead_fits(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:
+def _why_not_ahead(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:
     """Why the tiles ``plan`` copies one iteration ahead leave no room for all of its blocks at once (one wave of
     resident blocks); empty where they do, or where it copies none ahead.
 
@@ -715,8 +715,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
         lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
     if k.unfolded:
         lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
-    if k.behind:
-        lines.append(f"  tiles copied when each iteration needs them, not ahead: {k.behind}")
+    if k.not_ahead:
+        lines.append(f"  tiles copied when each iteration needs them, not ahead: {k.not_ahead}")
     if isinstance(k.rows, onchip.RowsOnChip):
         lines += [f"  {t}" for t in k.rows.describe()]
     else:

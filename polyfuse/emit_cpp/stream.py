@@ -144,7 +144,8 @@ def plan(frame: Frame, loop: Loop, fresh: Callable[[str], str], ahead: bool = Fa
     for key, operand in operands.items():
         if key in held:
             continue
-        if key not in held.values() and not (operand.varies and ahead) and (operand.varies or not o.keep_invariant):
+        keep = key in held.values() or (ahead if operand.varies else o.keep_invariant)
+        if not keep:
             continue  # staged per statement
         kept.append(KeptTile(key, operand, fresh("keep"), ahead and operand.varies))
     if not kept:
@@ -223,7 +224,7 @@ def prologue(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
         return
     em.open(f"if ({em.scalar(loop.extent, {})} > 0)")
     em.line(f"[[maybe_unused]] const {em.widths.loop} {sp.loop_var} = 0;")
-    _copy(em, sp, list(sp.kept), lambda t: t.buffer)
+    _copy(em, list(sp.kept), lambda t: t.buffer)
     em.close()
     em.line("pf::cp_async_commit();")
 
@@ -241,14 +242,15 @@ def top(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
     em.line(f"const {t} pf_next = {var} + 1;")
     em.open("")
     em.line(f"const {t} {var} = pf_next;  // the next iteration's tiles")
-    _copy(em, sp, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, var, x.half))
+    _copy(em, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, var, x.half))
     em.close()
     em.close()
     em.line("pf::cp_async_commit();")
     em.published = sp.first
 
 
-def _copy(em: CudaEmitter, sp: StreamPlan, tiles: list[KeptTile], buffer: Callable[[KeptTile], str]) -> None:
+def _copy(em: CudaEmitter, tiles: list[KeptTile], buffer: Callable[[KeptTile], str]) -> None:
+    """Copy each of ``tiles`` into ``buffer(tile)``, with its statement's axis sizes."""
     saved = em.sizes
     for tile in tiles:
         em.sizes = dict(tile.operand.sizes)

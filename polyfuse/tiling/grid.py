@@ -124,6 +124,8 @@ def _distribute(loop: Loop, tensors: dict[str, Tensor]) -> list[Loop]:
     in_first, in_rest = _tensors_used(first), _tensors_used(rest)
     allocs = allocated_at(last)
     promoted = [n for n in allocs if n in in_first and n in in_rest]
+    # Nothing to promote: the two parts communicate through global temporaries.  Distribute them only where the
+    # loops above the split all run once (no grid of their own), so that the split becomes the partial's grid.
     if not promoted and depth == parallel_depth(loop):
         return [loop]
     grown = {n: _promote(tensors[n], grid) for n in promoted}
