@@ -153,3 +153,25 @@ def test_bf16_and_fp8_conversions_match_ml_dtypes(conversions):
     bits = np.arange(256, dtype=np.uint8)
     np.testing.assert_array_equal(_call(conversions, "fp8_to_f32", bits, np.float32),
                                   bits.view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+
+
+def test_a_bool_temporary_on_the_heap_compiles_and_runs():
+    # Temporaries not allocated at a loop (and large local ones) live on the heap: a bool one too, which a
+    # std::vector<bool> (bits, no data()) could not hold.
+    from polyfuse.ir import ProgramBuilder
+    from polyfuse.ir.expr import select
+    from polyfuse.pipeline import build
+
+    p = ProgramBuilder("positive_part")
+    n = p.size("N")
+    x = p.input("x", (n,), "f32")
+    m = p.temp("m", (n,), "bool")
+    y = p.output("y", (n,), "f32")
+    with p.nest("s_m", i=n) as (i,):
+        m[i] = x[i] > 0.0
+    with p.nest("s_y", i=n) as (i,):
+        y[i] = select(m[i], x[i], 0.0)
+    kernel = build(p.build(), "cpp")
+    assert "std::make_unique<bool[]>" in kernel.source
+    xs = np.array([-1.0, 2.0, 0.0, 3.5], dtype=np.float32)
+    np.testing.assert_array_equal(kernel.run({"x": xs})["y"], np.maximum(xs, 0.0))

@@ -527,7 +527,10 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.line("}")
             self.line("")
             return Launch(name, blocks, self.threads, 0)
-        swizzled = any(lp.fragments is not None and lp.fragments.warpgroups for lp in plan.loops.values())
+        # One alignment for every kernel of the source (nvcc warns where declarations of pf_smem differ): the
+        # swizzled panels' where any kernel has them (MLA decode's partial kernel beside its combine).
+        swizzled = any(lp.fragments is not None and lp.fragments.warpgroups
+                       for k in self.plan.kernels for lp in k.loops.values())
         self.line(f"extern __shared__ __align__({SWIZZLE_ALIGN if swizzled else 16}) unsigned char pf_smem[];")
         self.line("const int pf_tid = static_cast<int>(threadIdx.x);")
         self.line("(void)pf_tid;")

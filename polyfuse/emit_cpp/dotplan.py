@@ -452,7 +452,9 @@ class OperandPlan:
     holds it: read in place, at that tile's pitch), ``"registers"`` (computed in a loop's warp fragments,
     :mod:`~polyfuse.emit_cpp.fragments`: never in shared memory), ``"cp.async"`` (raw 16-bit copies, possibly of
     the parts of a tensor split before the kernels: ``parts``), ``"raw"`` (128-bit copies through registers) or
-    ``"converted"`` (computed, converted to 16 bits and split where it is f32).
+    ``"converted"`` (computed, converted to 16 bits and split where it is f32), or in a loop in warp fragments
+    ``"panels"`` (a window of another product's swizzled operand tile of the same iteration, ``holder``'s, staged
+    into ``buffer``: its panels from element ``offset`` on, :func:`~polyfuse.emit_cpp.fragments._window`).
     """
 
     staged: Staged
@@ -468,6 +470,8 @@ class OperandPlan:
     half: int = 0
     """The 16-bit elements of each of the two halves of ``buffer`` where the tile changes with the loop and is
     copied ahead (iteration ``loop_var`` reads half ``loop_var & 1``); 0: one buffer."""
+    offset: Expr | None = None
+    """``"panels"``: the element offset of the operand's first panel in its holder's tile."""
 
     @property
     def pointer(self) -> str:
@@ -478,7 +482,7 @@ class OperandPlan:
     @property
     def own_bytes(self) -> int:
         """Shared memory the statement takes for this operand (none where a loop's buffer holds it)."""
-        return 0 if self.source in ("kept", "held", "registers") else self.staged.nbytes
+        return 0 if self.source in ("kept", "held", "registers", "panels") else self.staged.nbytes
 
 
 @dataclass(frozen=True)
@@ -489,7 +493,9 @@ class DotPlan:
     strips of 16 rows in ``groups`` groups of ``per`` 8-column tiles), ``kgroups`` warp groups sharing ``k``,
     ``pair`` (2: two ``b`` tiles per ``ldmatrix.x4``), the row ``pitch`` of a result array (None: dense) and
     the accumulator :class:`FragmentLayout`.  For ``wgmma``: ``width``, the columns of ``b`` one warpgroup product
-    takes (``wgmma.m64n{width}k16``).
+    takes (``wgmma.m64n{width}k16``); ``fold``: each ``width`` columns' products are waited for and folded into
+    the statement before the next columns' are issued (their accumulators reused), where a product's
+    accumulators all at once would not fit a thread's registers beside the loop's tiles.
     """
 
     instruction: str
@@ -507,6 +513,7 @@ class DotPlan:
     pitch: int | None = None
     fragment: FragmentLayout | None = None
     width: int = 0
+    fold: bool = False
 
     @property
     def units(self) -> int:
@@ -521,7 +528,8 @@ class DotPlan:
         if self.instruction == WGMMA:
             assert self.a is not None and self.b is not None
             return "\n".join([f"{head}.m64n{self.width}k16 ({self.low} operands), one per warpgroup of 64 rows and "
-                              f"{self.width} columns of b",
+                              f"{self.width} columns of b"
+                              + (", each folded into the statement before the next (registers)" if self.fold else ""),
                               f"a: {self.a.staged.describe()}; {_source(self.a)}",
                               f"b: {self.b.staged.describe()}; {_source(self.b)}"])
         if self.instruction != MMA_SYNC:
@@ -545,6 +553,8 @@ def _source(op: OperandPlan) -> str:
         return f"kept in {op.buffer} ({copied})"
     if op.source == "held":
         return f"read from {op.buffer}, the tile of {op.holder}"
+    if op.source == "panels":
+        return f"read from the panels of {op.buffer}, the tile of {op.holder}, from element {op.offset} on"
     if op.source == "cp.async" and len(op.parts) == 2:
         return "cp.async of its hi and lo arrays (split before the kernels)"
     return op.source

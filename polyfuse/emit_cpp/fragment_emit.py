@@ -144,11 +144,12 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
 
 
 def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
-    """Declare the registers that outlive an iteration, reading those the loop keeps in memory."""
+    """Declare the registers that outlive an iteration, reading those the loop keeps in memory (where its
+    first iteration reads what memory holds)."""
     for h in fl.held:
         if not h.per_iteration:
             em.line(h.declaration())
-        if h.memory:
+        if h.loaded:
             _each(em, fl.rows, h, lambda h, env: em.line(
                 f"{h.element} = {em.from_storage(em.access(em.tensors[h.name], h.index, env), dt.f32)};"))
 
@@ -217,11 +218,11 @@ def _rows(em: CudaEmitter, axis: str, rows: int) -> None:
     em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(axis)} = {row};")
 
 
-def _cols(em: CudaEmitter, axis: str, size: int) -> None:
+def _cols(em: CudaEmitter, axis: str, size: int, first: int = 0) -> None:
     """Open the loops over the thread's columns of a ``size``-wide tile (``pf_nb``, ``pf_j``; register ``pf_q``),
-    binding ``axis`` to the column."""
+    binding ``axis`` to the column (``first``: of the ``size`` columns from 8-column tile ``first`` on)."""
     em.line("#pragma unroll")
-    em.open(f"for (int pf_nb = 0; pf_nb < {size // 8}; ++pf_nb)")
+    em.open(f"for (int pf_nb = {first}; pf_nb < {first + size // 8}; ++pf_nb)")
     em.line("#pragma unroll")
     em.open("for (int pf_j = 0; pf_j < 2; ++pf_j)")
     em.line("[[maybe_unused]] const int pf_q = pf_h * 2 + pf_j;")
@@ -243,6 +244,9 @@ def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode:
     arrays this iteration's products read.  Returns each memory operand's array by (block, role)."""
     arrays: dict[tuple[str, str], str] = {}
     for st, role, op, low in _memory_operands(em, fl, body):
+        if op.source == "panels":
+            arrays[(st.block, role)] = _panels(em, op, _buffer(fl, op.buffer or "", var))
+            continue
         if op.source == "kept":
             assert op.buffer is not None
             arrays[(st.block, role)] = op.buffer
@@ -272,6 +276,12 @@ def _memory_operands(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, .
                 yield st, role, op, low
 
 
+def _panels(em: CudaEmitter, op: OperandPlan, tile: str) -> str:
+    """C text of where an operand read from the panels of another's ``tile`` starts (:attr:`OperandPlan.offset`)."""
+    assert op.offset is not None
+    return f"({tile} + {em.scalar(op.offset, {})})"
+
+
 def _stage(em: CudaEmitter, op: OperandPlan, low: DType, arr: str) -> None:
     """Copy or convert operand ``op`` into ``arr`` (cp.async where raw, else through registers)."""
     if op.source == "cp.async":
@@ -294,7 +304,9 @@ def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
     for block, operands in itertools.groupby(_memory_operands(em, fl, body), key=lambda x: x[0].block):
         count, own_async = 0, False
         for st, role, op, low in operands:
-            if op.source in ("kept", "held"):
+            if op.source == "panels":
+                arr = _panels(em, op, op.buffer or "")  # (copied, and waited for, with its holder's tile)
+            elif op.source in ("kept", "held"):
                 arr = em.fresh(f"t{role}")
                 consume(em, op, low, arr)  # (a kept tile commits its own group)
                 count += int(op.source == "kept" and op.every_iteration)
@@ -368,34 +380,52 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             em.line(f"{name}[pf_h] = {em.reduce_result(r, f'{acc}_row')};")
             em.close()
             override(r, f"{name}[pf_h]")
-        if st.dot is not None:
+        if st.dot is None:
+            _all_elements(em, fl, held, s, st, value_expr, env)
+        else:
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = _product(em, fl, st, e, env, arrays, wait)
-            total = f"{acc}[pf_nb][pf_q]"
-            zero = constant(e.acc)
-            if zero is None or zero.value != 0:  # (the accumulators started at +0)
-                total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
-            override(e, total)
-        if st.unmasked is not None:
-            # Where no element of this iteration's tile is masked (the main part of a causal or windowed
-            # loop, a tile away from a ragged edge), the elements are computed without the masks.
-            em.open(f"if ({em.scalar(st.unmasked[0], {})})")
-            _elements(em, fl, held, s, st, st.unmasked[1], env)
-            em.close()
-            em.open("else")
-        _elements(em, fl, held, s, st, value_expr, env)
-        if st.unmasked is not None:
-            em.close()
+            chunks = st.dot.b.staged.rows_pad // st.dot.width if st.dot.fold and st.dot.b is not None else 1
+            for c in range(chunks):
+                cols = None
+                if st.dot.fold:
+                    # this chunk's products, then the statement at its columns (reading them from the chunk's
+                    # accumulators), before the next chunk's products reuse those
+                    _chunk(em, st, acc, arrays, c)
+                    cols = (c * st.dot.width // 8, st.dot.width)
+                total = f"{acc}[pf_nb{f' - {cols[0]}' if cols and cols[0] else ''}][pf_q]"
+                zero = constant(e.acc)
+                if zero is None or zero.value != 0:  # (the accumulators started at +0)
+                    total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
+                em.overrides[e] = total
+                _all_elements(em, fl, held, s, st, value_expr, env, cols)
+                del em.overrides[e]
     finally:
         for node in added:
             em.overrides.pop(node, None)
     em.close()
 
 
+def _all_elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore, st: FragmentStmt,
+                  value_expr: Expr, env: dict[str, str], cols: tuple[int, int] | None = None) -> None:
+    """The elementwise pass of statement ``s`` (``cols``: only the columns of tiles ``first ..`` of ``size``
+    columns), without its masks where no element of this iteration's tile is masked (the main part of a causal or
+    windowed loop, a tile away from a ragged edge)."""
+    if st.unmasked is not None:
+        em.open(f"if ({em.scalar(st.unmasked[0], {})})")
+        _elements(em, fl, held, s, st, st.unmasked[1], env, cols)
+        em.close()
+        em.open("else")
+    _elements(em, fl, held, s, st, value_expr, env, cols)
+    if st.unmasked is not None:
+        em.close()
+
+
 def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore, st: FragmentStmt,
-              value_expr: Expr, env: dict[str, str]) -> None:
-    """The elementwise pass of statement ``s``: ``value_expr`` at every element the thread holds, into its
-    registers or (the epilogue) into memory for the real rows."""
+              value_expr: Expr, env: dict[str, str], cols: tuple[int, int] | None = None) -> None:
+    """The elementwise pass of statement ``s``: ``value_expr`` at every element the thread holds (``cols``: of
+    the column tiles ``first ..`` of ``size`` columns), into its registers or (the epilogue) into memory for the
+    real rows."""
     target = held.get(s.tensor.name)
     _rows(em, st.row, fl.rows)
     if target is None and fl.rows % STRIP:
@@ -408,7 +438,7 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
             if x not in em.overrides:
                 em.overrides[x] = name
                 parts.append(x)
-        _cols(em, st.col, em.sizes[st.col])
+        _cols(em, st.col, *((cols[1], cols[0]) if cols else (em.sizes[st.col],)))
     if target is not None:
         value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
         if s.mask is not None:
@@ -476,9 +506,9 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     low = LOW[plan.low.name]
     a, b = plan.a.staged, plan.b.staged
-    ntiles = b.rows_pad // 8
+    ntiles = (plan.width if plan.fold else b.rows_pad) // 8
     acc = em.fresh("fc")
-    em.line(f"float {acc}[{ntiles}][4] = {{}};")
+    em.line(f"float {acc}[{ntiles}][4]{'' if plan.fold else ' = {}'};")
     split = a.split
     if not st.a_registers:
         sa = arrays[(st.block, "a")]
@@ -569,19 +599,39 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
     descriptor's leading byte offset apart.
 
     A wgmma reads its register operands asynchronously: every A fragment is computed before the fence that
-    precedes the first product, and the accumulators are read after the wait for all of them."""
+    precedes the first product, and the accumulators are read after the wait for all of them.  A folded product
+    (:attr:`DotPlan.fold`) only gets its A fragments here: its statement issues it chunk by chunk
+    (:func:`_chunk`)."""
     plan = st.dot
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     a, b = plan.a.staged, plan.b.staged
     steps = a.kp // 16
-    width = plan.width
-    name = f"pf::wgmma_m64n{width}k16_{LOW[plan.low.name]}"
     if sa is None:
         em.line(f"uint32_t pf_fa[{steps}][4];  // every k step's A fragment, before the fence")
         em.line("#pragma unroll")
         em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
         _register_a(em, fl, st, e, env, "pf_fa[pf_ks]", None)
         em.close()
+    if not plan.fold:
+        _warpgroup_issue(em, st, acc, sa, sb, range(b.rows_pad // plan.width))
+
+
+def _chunk(em: CudaEmitter, st: FragmentStmt, acc: str, arrays: Mapping[tuple[str, str], str], c: int) -> None:
+    """Chunk ``c`` of a folded warpgroup product (:attr:`DotPlan.fold`): its ``width`` columns into ``acc``."""
+    _warpgroup_issue(em, st, acc, None if st.a_registers else arrays[(st.block, "a")], arrays[(st.block, "b")],
+                     range(c, c + 1))
+
+
+def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None, sb: str,
+                     chunks: range) -> None:
+    """The warpgroup products of ``chunks`` of ``b`` (from tile ``(W / 8)·(c − first)`` of ``acc``), every k step,
+    and the wait for them."""
+    plan = st.dot
+    assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
+    a, b = plan.a.staged, plan.b.staged
+    steps = a.kp // 16
+    width = plan.width
+    name = f"pf::wgmma_m64n{width}k16_{LOW[plan.low.name]}"
     em.line("pf::wgmma_fence();")
     em.line("#pragma unroll")
     em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
@@ -591,7 +641,7 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
         at = k_major.format(panel=a.outer_pad * PANEL) + f" + (pf_warp / 4) * {WARPGROUP_ROWS * PANEL}"
         em.line(f"const uint64_t pf_da = pf::wgmma_desc_k128({sa} + {at});")
     panels = width // PANEL
-    for c in range(b.rows_pad // width):
+    for c in chunks:
         if b.trans:
             at = f"{c * panels * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
             lbo = f", {b.outer_pad * PANEL * plan.low.bits // 8}" if panels > 1 else ""
@@ -599,7 +649,7 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
             at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * width * PANEL}" if c else "")
             lbo = ""
         db = f"pf::wgmma_desc_k128({sb} + {at}{lbo})"
-        template = f"<{int(b.trans)}, {c}>"
+        template = f"<{int(b.trans)}, {c - chunks.start}>"
         if sa is None:
             em.line(f"{name}_rs{template}({acc}, pf_fa[pf_ks], {db}, pf_ks > 0);")
         else:

@@ -128,9 +128,11 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
              ) -> tuple[dict[str, float], dict[str, Expr]]:
     """The values of the loop's statements with less work per element, equal in IEEE arithmetic:
 
-    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` lives in registers only,
-      its first write in the body is unmasked and every read of it up to that write is such a select with the
-      same constant ``c``, is ``T`` itself once ``T``'s registers start at ``c`` (returned by tensor);
+    * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` is in ``registers_only``
+      (its registers need not start with what memory holds: it lives in registers only, or the loop runs at
+      least once), its first write in the body is unmasked and every read of it up to that write is such a
+      select with the same constant ``c``, is ``T`` itself once ``T``'s registers start at ``c`` (returned by
+      tensor);
     * ``select(p, x, f·x)`` is ``x · select(p, 1, f)`` (``x·1`` is ``x`` for every ``x``, NaN, ±0 and ±inf
       included): one product per element, the select per row where ``p`` and ``f`` are.
     """

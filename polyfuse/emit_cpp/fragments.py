@@ -67,7 +67,7 @@ from dataclasses import dataclass
 
 from polyfuse.emit_cpp import reciprocal
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
-from polyfuse.emit_cpp.fragment_values import mask_free, reductions, rewrite, row_parts, store_exprs
+from polyfuse.emit_cpp.fragment_values import constant, mask_free, reductions, rewrite, row_parts, store_exprs
 from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
@@ -78,9 +78,10 @@ from polyfuse.emit_cpp.dotplan import (
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.errors import InternalError
-from polyfuse.ir.expr import Call, Const, Expr, Var
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
+from polyfuse.symbolic import to_sympy
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
     Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tile_children, walk_tile_expr,
@@ -109,15 +110,18 @@ REGISTER_OVERHEAD = 24
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
 ``__launch_bounds__`` for a second block where the tiles nearly fit, which ptxas then meets by reusing the
 registers of tiles that are dead at different times; a high one would leave the SM half empty."""
+THREAD_REGISTERS = 255
+"""The most registers one thread may use (PTX's limit; ``setmaxnreg`` may give a warpgroup up to 256)."""
 
 
 @dataclass(frozen=True)
 class Held:
     """Tensor ``name`` in the registers ``register``: ``[cols / 8][4]`` per thread (a row vector: ``[2]``).
     ``row_dim``/``col_dim``: the dimensions of its accesses' ``index`` that are the tile's rows and columns;
-    ``per_iteration``: allocated by the loop at each iteration (declared in its body); ``memory``: read from
-    its tensor before the loop and written back after it (a temporary in global memory, or one that a
-    statement other than the loop's and its epilogue's reads); otherwise it lives in registers only."""
+    ``per_iteration``: allocated by the loop at each iteration (declared in its body); ``memory``: written back
+    to its tensor after the loop (a temporary in global memory, or one that a statement other than the loop's
+    and its epilogue's reads), and read from it before the loop unless the loop's first iteration reads only
+    its ``initial`` value (``loaded``); otherwise it lives in registers only."""
 
     name: str
     register: str
@@ -128,7 +132,9 @@ class Held:
     memory: bool
     index: tuple[Index, ...]
     initial: float = 0.0
-    """The registers' value before the loop (registers only): what the program's first iteration reads."""
+    """The registers' value before the loop (unless ``loaded``): what the program's first iteration reads."""
+    loaded: bool = False
+    """Read from its tensor before the loop."""
 
     @property
     def element(self) -> str:
@@ -247,9 +253,13 @@ class FragmentLoop:
     def registers(self) -> int:
         """Registers a thread needs, estimated: its tiles, the largest product's accumulators (each of its
         output tiles' four) and ``REGISTER_OVERHEAD`` for addresses, operand fragments and temporaries."""
-        tiles = sum(h.cols // 2 if h.col_dim is not None else 2 for h in self.held)
-        products = max((st.dot.per * 4 for st in self.stmts.values() if st.dot is not None), default=0)
-        return tiles + products + REGISTER_OVERHEAD
+        products = max((_accumulators(st.dot) for st in self.stmts.values() if st.dot is not None), default=0)
+        return self.tiles + products + REGISTER_OVERHEAD
+
+    @property
+    def tiles(self) -> int:
+        """Registers a thread holds for the loop's tiles (``[cols / 8][4]``: ``cols / 2``; a row vector: 2)."""
+        return sum(h.cols // 2 if h.col_dim is not None else 2 for h in self.held)
 
     def describe(self, offsets: Mapping[str, int]) -> list[str]:
         warps = -(-self.rows // STRIP)
@@ -262,7 +272,8 @@ class FragmentLoop:
                     else "operands copied at the top of each iteration")]
         for h in self.held:
             shape = f"[{h.cols // 8}][4]" if h.col_dim is not None else "[2]"
-            life = ("per iteration" if h.per_iteration else "read before, written back after" if h.memory
+            life = ("per iteration" if h.per_iteration else "read before, written back after" if h.loaded
+                    else "written back after" if h.memory
                     else "registers only")
             lines.append(f"registers: {h.name} in {h.register}{shape} ({life})")
         for name, nbytes in self.buffers:
@@ -587,14 +598,19 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     body = _body(loop)
     assert shape is not None and body is not None
     allocated = set(allocated_at(loop))
-    initial, values = rewrite(body, loop.var.name, {n for n in shape.dims if n not in memory and n not in allocated})
+    # A tensor kept in memory whose first iteration reads only a constant starts there too, not read before the
+    # loop, where the loop runs at least once (its first write then replaces what memory held).
+    runs = (c := constant(loop.extent)) is not None and c.value >= 1
+    initial, values = rewrite(body, loop.var.name,
+                              {n for n in shape.dims if n not in allocated and (runs or n not in memory)})
     held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name],
-                      initial.get(name, 0.0))
+                      initial.get(name, 0.0), name in memory and name not in initial)
                  for name, (rd, cd, cols) in shape.dims.items())
     values, reciprocals = reciprocal.plan(frame, body, {s.block: shape.axes[s.block][0] for s in body}, shape.dims,
                                           values, fresh)
     stmts: dict[str, FragmentStmt] = {}
     buffers: list[tuple[str, int]] = []
+    staged: list[tuple[str, str, OperandPlan, DType, str]] = []  # (block, role, plan, type, buffer) per iteration
     for s in body:
         row, col = shape.axes[s.block]
         dots = [n for n in walk_tile_expr(s.value) if isinstance(n, Dot)]
@@ -617,11 +633,14 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                                        "registers"))
                 continue
             source = operand(s.block, here, op, low)
+            source = next((w for b, r, tile, t, name in staged
+                           if (w := _window(here, tile, t, source, low, name, b)) is not None), source)
             ops.append(source)
             if source.own_bytes:
                 name = fresh(f"f{role}")
                 own[role] = name
                 buffers.append((name, source.own_bytes))
+                staged.append((s.block, role, source, low, name))
         ntiles = b.rows_pad // 8
         pair = 2 if ntiles % 2 == 0 else 1
         instruction = WGMMA if _warpgroup(frame, shape.rows, ops[0], ops[1]) else MMA_SYNC
@@ -648,18 +667,45 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                if op is not None]
     every = any(op.source == "held" or (op.source == "kept" and op.every_iteration)
                 for st in stmts.values() if st.dot is not None for op in (st.dot.a, st.dot.b) if op is not None)
-    prefetch = frame.options.prefetch and bool(buffers) and not every and "held" not in sources
+    prefetch = frame.options.prefetch and bool(buffers) and not every
     if prefetch:
         buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
     result = FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
                           shared, reciprocals=reciprocals)
     if _producer(frame, loop, shape):
-        if not (frame.swizzle and result.warpgroups and prefetch and set(sources) <= {"cp.async", "kept", "registers"}):
+        if not (frame.swizzle and result.warpgroups and prefetch
+                and set(sources) <= {"cp.async", "kept", "registers", "panels"}):
             raise InternalError(f"loop {loop.var.name}: a producer warp was planned for it, but its products or "
                                 f"operands ({', '.join(sorted(set(sources)))}) do not allow one")
         result = dataclasses.replace(result, barriers=fresh("bar"),
                                      computing_registers=_computing_registers(frame, shape.rows))
-    return result
+    budget = min(THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
+    return _folded(result, budget)
+
+
+def _accumulators(dot: DotPlan) -> int:
+    """Registers per thread of a product's accumulators live at once: each output tile's four (a folded
+    warpgroup product: one chunk's, ``width / 2``)."""
+    return dot.width // 2 if dot.fold else dot.per * 4
+
+
+def _folded(loop: FragmentLoop, budget: int) -> FragmentLoop:
+    """``loop`` with each warpgroup product whose accumulators would not fit ``budget`` registers per thread
+    beside the loop's tiles issued chunk by chunk: the widest chunk (of the product's width and narrower ones)
+    whose accumulators fit, each chunk waited for and folded into the statement before the next is issued
+    (:attr:`DotPlan.fold`).  The chunks' products are no longer in flight together, but a product whose
+    accumulators spilled would pay far more (MLA decode: 64 query heads x 256 value columns of f32 in
+    registers, 128 per thread, beside the 128 of one product).  Where no chunk fits, the product stays whole."""
+    room = budget - loop.tiles - REGISTER_OVERHEAD
+    stmts = dict(loop.stmts)
+    for block, st in loop.stmts.items():
+        dot = st.dot
+        if dot is None or dot.instruction != WGMMA or dot.b is None or _accumulators(dot) <= room:
+            continue
+        fits = [w for w in WARPGROUP_WIDTHS if w <= dot.width and w // 2 <= room and dot.b.staged.rows_pad % w == 0]
+        if fits:
+            stmts[block] = dataclasses.replace(st, dot=dataclasses.replace(dot, width=max(fits), fold=True))
+    return dataclasses.replace(loop, stmts=stmts)
 
 
 
@@ -685,6 +731,49 @@ def _warpgroup(frame: Frame, rows: int, a: OperandPlan, b: OperandPlan) -> bool:
     if a.source == "registers":
         return not a.staged.split
     return a.source != "held" and a.staged.swizzled and not a.staged.trans and a.staged.rows_pad == rows
+
+
+def _window(frame: Frame, tile: OperandPlan, low: DType, x: OperandPlan, x_low: DType, buffer: str,
+            holder: str) -> OperandPlan | None:
+    """``x`` read from the panels of ``tile`` (staged into ``buffer`` at every iteration for ``holder``'s
+    product), if ``tile`` holds it: both copied raw and unmasked, swizzled into 64-column panels of the same
+    rows (``[outer_pad][64]`` each), from the same tensor at the same scalar indices and outer slice, ``tile``
+    covering the whole last dimension and ``x``'s columns starting a whole number of panels into it (MLA's value
+    tile, columns ``256·dv_0 ..`` of the key tile's ``kv[..., 0:576]``).  Then ``x`` needs no copy of its own:
+    the panels it reads are those of ``tile``, ``(start / 64)·outer_pad·64`` elements on."""
+    a, b = tile.staged, x.staged
+    if not (frame.swizzle and frame.options.share_tiles and tile.source == x.source == "cp.async"
+            and len(tile.parts) == len(x.parts) == 1 and low == x_low and a.swizzled and b.swizzled
+            and a.outer_pad == b.outer_pad and b.inner == (b.rows if b.trans else b.kk)):
+        return None
+    found, mine = raw_staging(a, low), raw_staging(b, low)
+    if found is None or mine is None or found[1] or mine[1]:
+        return None
+    t, v = found[0], mine[0]
+    if t.tensor.name != v.tensor.name or len(t.index) != len(v.index):
+        return None
+    last, here = t.index[-1], v.index[-1]
+    if not (isinstance(last, Slice) and isinstance(here, Slice) and constant(last.start) is not None
+            and constant(last.start).value == 0 and last.size == _extent(t.tensor.shape[-1])):
+        return None
+    unit = {u.name: Const(0, u.dtype) for u in frame.unit_vars}
+    for i, j in zip(t.index[:-1], v.index[:-1], strict=True):
+        if isinstance(i, Slice) != isinstance(j, Slice) or (isinstance(i, Slice) and i.size != j.size):
+            return None
+        first, second = (i.start, j.start) if isinstance(i, Slice) else (i, j)
+        if str(simplify(substitute(first, unit))) != str(simplify(substitute(second, unit))):
+            return None
+    start, _ = to_sympy(here.start)
+    if not (start / PANEL).is_integer:
+        return None
+    panels = simplify(BinOp("//", here.start, Const(PANEL, here.start.dtype)))
+    offset = simplify(BinOp("*", panels, Const(a.outer_pad * PANEL, here.start.dtype)))
+    return OperandPlan(b, "panels", buffer, holder=holder, offset=offset)
+
+
+def _extent(size: Expr) -> int | None:
+    c = constant(size)
+    return None if c is None else int(c.value)
 
 
 def _warpgroup_width(frame: Frame, b: Staged) -> int:

@@ -42,9 +42,10 @@ class CodegenOptions:
     own (:mod:`~polyfuse.emit_cpp.presplit`).  ``async_staging``: raw 16-bit operands staged by
     ``cp.async``.  ``keep_invariant``: a loop's operand tiles that do not change with it copied once;
     ``share_tiles``: a dot reads another dot's tile of the same iteration where it holds its operand
-    (:mod:`~polyfuse.emit_cpp.stream`).  ``paired_b``: split-operand dots load two ``b`` tiles per
-    ``ldmatrix.x4``.  ``split_k``/``split_k_tiles``/``split_k_steps``: a tensor-core dot with few output tiles
-    and a long ``k`` splits ``k`` among its warps (:func:`~polyfuse.emit_cpp.dotplan.k_groups`).
+    (:mod:`~polyfuse.emit_cpp.stream`; in a loop of warpgroup products, also where the operand is whole
+    swizzled panels of that tile: MLA's value columns of its key tile).  ``paired_b``: split-operand dots load
+    two ``b`` tiles per ``ldmatrix.x4``.  ``split_k``/``split_k_tiles``/``split_k_steps``: a tensor-core dot with
+    few output tiles and a long ``k`` splits ``k`` among its warps (:func:`~polyfuse.emit_cpp.dotplan.k_groups`).
     ``stage_group``: elements a thread converts and stores together when staging an operand without
     vector reads.
     ``fragment_loops``: a loop of chained tensor-core products whose tiles have at least ``fragment_min_rows``
@@ -58,7 +59,9 @@ class CodegenOptions:
     loop's products run as warpgroup products on operands staged in 128-byte-swizzled shared memory, each
     warpgroup's four warps owning 64 whole rows (the same per-warp fragments), where every product's shape allows;
     ``warpgroup_width`` (64 or 128) is the most columns of ``b`` one warpgroup product takes (a wider one reads
-    its ``a`` once for more columns: less shared-memory traffic per multiply-add).
+    its ``a`` once for more columns: less shared-memory traffic per multiply-add); a product whose accumulators
+    would not fit a thread's registers beside the loop's tiles is issued a narrower chunk at a time, each folded
+    into its statement before the next (:attr:`~polyfuse.emit_cpp.dotplan.DotPlan.fold`).
     ``reciprocal_operands``: there, a product operand ``x / d`` rounded once to 16 bits, ``d`` a row value of
     proven range (a softmax denominator, in ``[1, n]``), is ``x · (1/d)`` with ``1/d`` once per row
     (:mod:`~polyfuse.emit_cpp.reciprocal`: relative ``2^-23 + 2^-48`` before the rounding, in the tolerance

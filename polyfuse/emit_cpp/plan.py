@@ -190,7 +190,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
 
     wgmma = tensor_cores and device.wgmma and options.warpgroup_products
 
-    def threads_of(nest: GridNest) -> int:
+    def threads_of(nest: GridNest, options: CodegenOptions) -> int:
         if nest.kind == MAP:
             return options.map_threads
         warps = nest.warps or options.warps or onchip.warps_for(onchip.body_stores(nest.body), device, options)
@@ -202,24 +202,33 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                           if (w := fragments.warps_for(default, lp)) is not None), device.default_warps)
         return warps * device.warp_size
 
-    def frame_of(nest: GridNest) -> Frame:
-        return Frame({}, threads_of(nest), device.warp_size, tensor_cores, options, tensors, shared_names, {},
-                     tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
+    def frame_of(nest: GridNest, options: CodegenOptions = options) -> Frame:
+        return Frame({}, threads_of(nest, options), device.warp_size, tensor_cores, options, tensors, shared_names,
+                     {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
                      registers_per_sm=device.registers_per_sm, ranges=ranges)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels: list[KernelPlan] = []
+    at_top = dataclasses.replace(options, prefetch=False)
     for k, nest in enumerate(gpu.nests):
         frame = dataclasses.replace(frame_of(nest), presplit=split)
         if not nest.combines:
-            kernels.append(_plan_kernel(nest, f"{entry}_k{k}", frame, device))
+            plan = _plan_kernel(nest, f"{entry}_k{k}", frame, device)
+            if plan.peak > device.shared_per_block and options.prefetch:
+                # Loops in warp fragments copying each iteration's tiles at its top: one buffer per tile, not two
+                # (and no producer warpgroup: the threads planned again).  MLA decode's key and value tiles where
+                # the values are not panels of the keys (share_tiles off).
+                plan = _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, at_top), presplit=split),
+                                    device)
+            kernels.append(_refuse_oversized(plan, device))
             continue
         partial = kernels[-1]
         folded = _fold(partial, nest, f"{entry}_k{k}", dict(tensors), shared_names, frame, device)
         if isinstance(folded, KernelPlan):
             kernels[-1] = folded
         else:
-            kernels.append(dataclasses.replace(_plan_kernel(nest, f"{entry}_k{k}", frame, device), unfolded=folded))
+            kernels.append(dataclasses.replace(_refuse_oversized(_plan_kernel(nest, f"{entry}_k{k}", frame, device),
+                                                                 device), unfolded=folded))
     outputs = gpu.program.outputs
     fast_exp = options.fast_exp and bool(outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in outputs)
     return ProgramPlan(device, options, split, tuple(kernels), fast_exp)
@@ -244,7 +253,8 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
                 f"blocks of the combine one after another (CodegenOptions.fold_serial is "
                 f"{frame.options.fold_serial}): their own launch runs them in parallel")
     try:
-        plan = _plan_kernel(combine, name, dataclasses.replace(frame, threads=partial.threads), device)
+        plan = _refuse_oversized(_plan_kernel(combine, name, dataclasses.replace(frame, threads=partial.threads),
+                                              device), device)
     except UnsupportedPattern as err:
         return f"the combine does not fit a block of the partial kernel's {partial.threads} threads: {err}"
     peak = max(partial.peak, plan.peak)
@@ -258,8 +268,8 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
     """A kernel's plan; planned again without tiles copied ahead where their second halves would let fewer of
-    its blocks run at once (:func:`_why_not_ahead`), without kept tiles where they would take more shared memory
-    than a block may have, and refused (UnsupportedPattern) where it still does."""
+    its blocks run at once (:func:`_why_not_ahead`), and without kept tiles where they would take more shared
+    memory than a block may have (the caller refuses one that still does: :func:`_refuse_oversized`)."""
     if nest.kind == MAP:
         return KernelPlan(name, nest, frame.threads, frame.warp)
     plan = _Planner(nest, name, frame, True, device).run()
@@ -270,12 +280,7 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
-        largest = max(plan.stmts.values(), key=lambda p: p.at + p.scratch, default=None)
-        where = (f"; the most at block {largest.block!r} ({largest.scratch} bytes of its own after "
-                 f"{largest.at} bytes of temporaries and loop buffers)") if largest is not None else ""
-        raise UnsupportedPattern(f"kernel {name} needs {plan.peak} bytes of shared memory (tiles and their "
-                                 f"temporaries{where}); a block may use {device.shared_per_block} on {device.arch}. "
-                                 f"Use smaller tiles in the schedule")
+        return plan  # (refused by the caller, unless planned otherwise)
     resident_blocks = device.blocks_per_sm(plan.peak)
     min_blocks = frame.options.min_blocks
     # A loop in warp fragments holds its tiles in registers: no more blocks than those fit (asking
@@ -292,6 +297,18 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
         # only where the launch bounds name one block per SM
         resident_blocks, asked = 1, 1
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
+
+
+def _refuse_oversized(plan: KernelPlan, device: DeviceSpec) -> KernelPlan:
+    """``plan``, or UnsupportedPattern where it needs more shared memory than a block may have."""
+    if plan.peak <= device.shared_per_block:
+        return plan
+    largest = max(plan.stmts.values(), key=lambda p: p.at + p.scratch, default=None)
+    where = (f"; the most at block {largest.block!r} ({largest.scratch} bytes of its own after "
+             f"{largest.at} bytes of temporaries and loop buffers)") if largest is not None else ""
+    raise UnsupportedPattern(f"kernel {plan.name} needs {plan.peak} bytes of shared memory (tiles and their "
+                             f"temporaries{where}); a block may use {device.shared_per_block} on {device.arch}. "
+                             f"Use smaller tiles in the schedule")
 
 
 def _why_not_ahead(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:

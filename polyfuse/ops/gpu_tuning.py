@@ -82,6 +82,19 @@ class GpuTuning:
     streams K and V from memory, so a part-filled last wave costs less than its idle fraction: attn_global decode
     B=32 H=64 Skv=4096 fills 78% of its last wave with one split and 89% with two, yet measured 1.27 ms with one
     and 1.33 with two (H200, two launches; see ``decode_tile``); at 10 points the rule would take two."""
+    decode_warpgroup_values: int = 256
+    """Value columns (dv) per thread block of decode attention where warpgroups take the query heads of a kv head
+    as their 64 rows (:func:`~polyfuse.ops.schedules.gpu_decode_tiling`, sm_90a): 64 rows × 256 columns of f32
+    are 128 registers per thread beside the score tile; a wider value (MLA's 512) is cut into blocks of this many
+    columns, each recomputing the scores of its keys (the code generator folds the value product into its
+    statement 64 columns at a time: benchmarks/results/2026-11-28_H100_mla_wgmma)."""
+    decode_warpgroup_units: int = 16
+    """Fewest (batch, kv head, group of 64 heads, value tile) units for which decode attention takes warpgroup rows;
+    below it (batch 1 of MLA: 4 units) the splits that would fill the SMs cost more than the mma.sync schedule's
+    blocks of ``decode_heads`` heads (benchmarks/results/2026-11-28_H100_mla_wgmma)."""
+    decode_warpgroup_fill: int = 90
+    """Percent of the SMs the fewest key splits of warpgroup-row decode must give a block each (one block per SM:
+    the key tiles, Q and the value tile take most of its shared memory)."""
     combine_columns: int = 32
     """Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
     is otherwise one block per head group: 8 blocks at MLA's B=1 H=128).  Measured on the H200 (ms, columns 16 /

@@ -92,13 +92,17 @@ class DecodeTiling:
     efficiency: float = dataclasses.field(default=1.0, compare=False)
     """The busy fraction of the partial blocks' last wave on the device it was chosen for (:func:`wave_splits`;
     1.0: whole waves, or not computed)."""
+    value_columns: int = 0
+    """Where nonzero, the heads of a block are the rows of warpgroups and each block computes this many value
+    columns (dv) of its heads, the scores recomputed per value tile (:func:`_attention_decode_warpgroups`)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
 
 
 def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int, *,
-                      device: DeviceSpec | None = None, tuning: GpuTuning | None = None) -> DecodeTiling:
+                      value_dim: int | None = None, device: DeviceSpec | None = None,
+                      tuning: GpuTuning | None = None) -> DecodeTiling:
     """The GPU decode tiling of one attention instance on ``device`` (default: the CUDA preset) with the
     choices of ``tuning`` (default: :class:`GpuTuning`'s).
 
@@ -124,9 +128,14 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
        resident partial blocks (``DeviceSpec.resident_blocks``: by shared memory and threads) by
        ``decode_wave_gain`` percentage points better, the count nearest it among the best
        (:func:`wave_splits`); the busy fraction is kept in :attr:`DecodeTiling.efficiency`.
+
+    Before these rules, :func:`warpgroup_decode_tiling` (with ``value_dim``, the value columns).
     """
     device = device or for_backend("cuda")
     t = tuning or GpuTuning()
+    rows = warpgroup_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim, value_dim, device, t)
+    if rows is not None:
+        return rows
     group = q_heads // kv_heads
     heads = max(d for d in range(1, min(group, t.decode_heads) + 1) if group % d == 0)
     rows = -(-heads // 16) * 16  # the query rows of a tile, padded as the tensor-core product pads them
@@ -152,6 +161,43 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     split = -(-keys // splits)
     return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
                         wave_efficiency(units * splits, wave))
+
+
+WARPGROUP_ROWS = 64
+"""Rows of one warpgroup product (``wgmma.m64nNk16``): the query heads of a block of warpgroup-row decode."""
+PANEL = 64
+"""Columns of one 128-byte swizzled panel of 16-bit operands: the qk and value dims, and the keys of a step, of
+warpgroup-row decode are whole panels."""
+
+
+def warpgroup_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim: int,
+                            value_dim: int | None, device: DeviceSpec, t: GpuTuning) -> DecodeTiling | None:
+    """Decode with the query heads of a kv head as the rows of warpgroup products, or None where it does not
+    apply: on a device with ``wgmma``, where the heads of a kv head fill whole warpgroups of 64 rows (MLA's 128
+    heads sharing one latent cache) and the qk dim, the value dim and the keys are whole 64-column panels.
+
+    A block takes 64 heads and ``decode_warpgroup_values`` value columns (all where the value is narrower;
+    each value tile recomputes the scores of its keys), rolling over steps of 64 keys; the keys are split
+    (split-k, a combine after) into the fewest splits that divide the steps and give ``decode_warpgroup_fill``
+    percent of the SMs a block each (else the most that leave each split two steps).  Taken only where the
+    (batch, kv head, head group, value tile) units number at least ``decode_warpgroup_units``: fewer need many
+    splits, whose partial results and recomputed scores cost more than blocks of ``decode_heads`` rows on
+    ``mma.sync``."""
+    group = q_heads // kv_heads
+    if (not device.wgmma or value_dim is None or group % WARPGROUP_ROWS or qk_dim % PANEL or value_dim % PANEL
+            or keys % PANEL):
+        return None
+    columns = t.decode_warpgroup_values if value_dim % t.decode_warpgroup_values == 0 else value_dim
+    units = batch * kv_heads * (group // WARPGROUP_ROWS) * (value_dim // columns)
+    if units < t.decode_warpgroup_units:
+        return None
+    tiles = keys // PANEL
+    fill = -(-device.sms * t.decode_warpgroup_fill // 100)
+    # (a split of one step would have no loop to keep the warpgroups' tiles in: at least two per split)
+    counts = [s for s in range(1, tiles + 1) if tiles % s == 0 and (s == 1 or tiles // s >= 2)]
+    splits = min((s for s in counts if units * s >= fill), default=counts[-1])
+    return DecodeTiling(WARPGROUP_ROWS, PANEL, keys // splits, t.combine_columns,
+                        wave_efficiency(units * splits, device.sms), columns)
 
 
 def wave_efficiency(blocks: int, wave: int) -> float:
@@ -193,7 +239,12 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
     q, kv = sch.program.tensor("q"), _kv_tensor(sch.program)
     batch, q_heads, _, qk_dim = (int(x.value) for x in q.shape)
     kv_heads, keys = int(kv.shape[1].value), int(kv.shape[2].value)
-    t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim, device=device, tuning=tuning)
+    value_dim = int(sch.program.tensor("pv").shape[-1].value)
+    t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim, value_dim=value_dim, device=device,
+                                    tuning=tuning)
+    if t.value_columns:
+        _attention_decode_warpgroups(sch, t)
+        return
     if (q_heads // kv_heads) % t.heads or t.split % t.tile:
         raise PolyfuseError(f"decode tiling {t}: the heads per block must divide the {q_heads // kv_heads} query "
                             "heads of a kv head, and the tile the split")
@@ -226,6 +277,43 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
     sch.reverse_compute_at("out", (grid or [i])[-1])
     if split is not None:
         _spread_combine(sch, (grid or [i])[-1], t.columns)
+
+
+def _attention_decode_warpgroups(sch: Schedule, t: DecodeTiling) -> None:
+    """Decode attention with ``t.heads`` query heads as the rows of a block and ``t.value_columns`` value columns
+    per block (:func:`warpgroup_decode_tiling`).
+
+    ``pv``'s heads and value columns are split (``h_0``, ``dv_0``), the value tiles brought outside the heads
+    of a block, ``out`` computed at ``dv_0`` and every producer of ``pv`` recomputed there (each value tile
+    recomputes its scores: the grid is (b, i, head group, value tile)); then the keys of ``qk`` are split
+    into splits of steps of ``t.tile`` keys as in :func:`_attention_decode_gpu`, split-k over the splits and
+    rolling over the steps."""
+    _, h, i, dv, _ = sch.get_loops("pv")
+    group, heads = sch.split(h, [None, t.heads])
+    value_tile, _ = sch.split(dv, [None, t.value_columns])
+    sch.reorder([i, group, value_tile, heads])
+    sch.reverse_compute_at("out", value_tile)
+    order = [b.name for b in sch.program.blocks()]
+    for block in reversed(order[:order.index("pv")]):
+        sch.recompute_at(block, sch.loop("pv", value_tile.name))
+    *_, rows, keys, _ = sch.get_loops("qk")
+    extent = _extent(sch, keys)
+    assert extent is not None
+    splits, steps = t.splits(extent), t.split // t.tile
+    if splits > 1:
+        split, step, tile = sch.split(keys, [None, steps, t.tile])
+        sch.reorder([split, step, rows, tile])
+        sch.reverse_compute_at("score", split)
+        sch.split_k_update("row_sum", split)
+        sch.split_k_update("pv", split, factor_axis=len(sch.program.tensor("pv").shape) - 1)
+        rolled = ("row_max_rf", "row_sum_rf", "pv_rf")
+    else:
+        step, tile = sch.split(keys, [None, t.tile])
+        sch.reorder([step, rows, tile])
+        rolled = ("row_max", "row_sum", "pv")
+    sch.reverse_compute_at("score", step)
+    for block in rolled:
+        sch.rolling_update(block, step)
 
 
 def _spread_combine(sch: Schedule, anchor: LoopRef, columns: int) -> None:
