@@ -87,11 +87,11 @@ class GpuTuning:
     as their 64 rows (:func:`~polyfuse.ops.schedules.gpu_decode_tiling`, sm_90a): 64 rows × 256 columns of f32
     are 128 registers per thread beside the score tile; a wider value (MLA's 512) is cut into blocks of this many
     columns, each recomputing the scores of its keys (the code generator folds the value product into its
-    statement 64 columns at a time: benchmarks/results/2026-11-28_H100_mla_wgmma)."""
+    statement 64 columns at a time: benchmarks/results/2026-11-28_H100_5894c8f_mla_wgmma)."""
     decode_warpgroup_units: int = 16
     """Fewest (batch, kv head, group of 64 heads, value tile) units for which decode attention takes warpgroup rows;
     below it (batch 1 of MLA: 4 units) the splits that would fill the SMs cost more than the mma.sync schedule's
-    blocks of ``decode_heads`` heads (benchmarks/results/2026-11-28_H100_mla_wgmma)."""
+    blocks of ``decode_heads`` heads (benchmarks/results/2026-11-28_H100_5894c8f_mla_wgmma)."""
     decode_warpgroup_fill: int = 90
     """Percent of the SMs the fewest key splits of warpgroup-row decode must give a block each (one block per SM:
     the key tiles, Q and the value tile take most of its shared memory)."""
