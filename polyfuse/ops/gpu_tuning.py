@@ -90,8 +90,10 @@ class GpuTuning:
     statement 64 columns at a time: benchmarks/results/2026-11-28_H100_5894c8f_mla_wgmma)."""
     decode_warpgroup_units: int = 16
     """Fewest (batch, kv head, group of 64 heads, value tile) units for which decode attention takes warpgroup rows;
-    below it (batch 1 of MLA: 4 units) the splits that would fill the SMs cost more than the mma.sync schedule's
-    blocks of ``decode_heads`` heads (benchmarks/results/2026-11-28_H100_5894c8f_mla_wgmma)."""
+    below it (batch 1 of MLA: 4 units) the splits that would fill the SMs measured slower than the mma.sync
+    schedule's blocks of ``decode_heads`` heads (1.9× at 4096 keys, 1.3× at 32768; measured while those split
+    kernels still spilled, benchmarks/results/2026-11-28_H100_5894c8f_mla_wgmma), batch 4 (16 units) 1.19× faster
+    than it."""
     decode_warpgroup_fill: int = 90
     """Percent of the SMs the fewest key splits of warpgroup-row decode must give a block each (one block per SM:
     the key tiles, Q and the value tile take most of its shared memory)."""
