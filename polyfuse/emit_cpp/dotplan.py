@@ -454,7 +454,7 @@ class OperandPlan:
     the parts of a tensor split before the kernels: ``parts``), ``"raw"`` (128-bit copies through registers) or
     ``"converted"`` (computed, converted to 16 bits and split where it is f32), or in a loop in warp fragments
     ``"panels"`` (a window of another product's swizzled operand tile of the same iteration, ``holder``'s, staged
-    into ``buffer``: its panels from element ``offset`` on, :func:`~polyfuse.emit_cpp.fragments._window`).
+    into ``buffer``: its panels from element ``offset`` on, :func:`~polyfuse.emit_cpp.warpgroups.window`).
     """
 
     staged: Staged

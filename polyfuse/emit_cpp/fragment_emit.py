@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
 from polyfuse.emit_cpp.fragments import (
-    BARRIER_BYTES, PRODUCER_REGISTERS, PRODUCER_WARPS, STAGES, STRIP, WARPGROUP_ROWS, FragmentLoop, FragmentStmt,
-    Held, SharedValue, _body,
+    BARRIER_BYTES, STAGES, STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body,
 )
+from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
 from polyfuse.emit_cpp.fragment_values import constant, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume

@@ -36,14 +36,14 @@ the loop are read from memory before it and written back after it where another 
 ``out``) are computed from the registers instead (:func:`epilogue`), so that O and the statistics need no
 shared memory at all.
 
-On a device with warpgroup products (sm_90a) the same loop multiplies with ``wgmma.m64n64k16`` (:func:`_warpgroup`):
-the four warps of a warpgroup own 64 rows, each still in the per-warp m16n8 layout above (the wgmma accumulator
-layout is that one, repeated), so nothing else changes; the operands in shared memory are staged into
-128-byte-swizzled panels of 64 columns that the product reads through descriptors, and ``a`` from registers is
-packed exactly as for ``mma.sync``.  Where every product can be one, a **producer warpgroup** of its own copies
-the operand tiles into two stages tracked by mbarriers and gives its registers to the computing warps
-(:func:`_producer`), which then never wait at a block barrier.  The plan (:class:`FragmentLoop`) is printed by
-:mod:`polyfuse.emit_cpp.fragment_emit`.
+On a device with warpgroup products (sm_90a) the same loop multiplies with ``wgmma.m64n64k16``
+(:mod:`~polyfuse.emit_cpp.warpgroups`): the four warps of a warpgroup own 64 rows, each still in the per-warp
+m16n8 layout above (the wgmma accumulator layout is that one, repeated), so nothing else changes; the operands
+in shared memory are staged into 128-byte-swizzled panels of 64 columns that the product reads through
+descriptors, and ``a`` from registers is packed exactly as for ``mma.sync``.  Where every product can be one, a
+**producer warpgroup** of its own copies the operand tiles into two stages tracked by mbarriers and gives its
+registers to the computing warps (:func:`_producer`), which then never wait at a block barrier.  The plan
+(:class:`FragmentLoop`) is printed by :mod:`polyfuse.emit_cpp.fragment_emit`.
 
 A loop qualifies (:func:`plan`) where its body is tile statements only, each writing an f32 temporary at one
 index that does not move with the loop, every statement having one *row* axis (a product's ``m``, or the axis
@@ -65,12 +65,12 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from polyfuse.emit_cpp import reciprocal
+from polyfuse.emit_cpp import reciprocal, warpgroups
+from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
 from polyfuse.emit_cpp.fragment_values import constant, mask_free, reductions, rewrite, row_parts, store_exprs
 from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
-from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
 from polyfuse.emit_cpp.dotplan import (
     M16N8, MMA_SYNC, PANEL, SWIZZLE_ALIGN, WGMMA, DotPlan, Frame, OperandPlan, Staged,
     mma_type, raw_staging, staging,
@@ -78,10 +78,9 @@ from polyfuse.emit_cpp.dotplan import (
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.errors import InternalError
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.expr import Call, Const, Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
-from polyfuse.symbolic import to_sympy
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
     Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tile_children, walk_tile_expr,
@@ -92,26 +91,15 @@ from polyfuse.tiling.parallel import allocated_at
 
 STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
-WARPGROUP_ROWS = 4 * STRIP
-"""Rows of a warpgroup product (``wgmma.m64nNk16``): its four warps' strips."""
 STAGES = 2
 """Operand tiles in flight with a producer warpgroup: the one being computed on and the next."""
 BARRIER_BYTES = 2 * STAGES * 8
 """A producer warpgroup's mbarriers: ``full`` and ``empty`` of each stage, 8 bytes each."""
-PRODUCER_WARPS = 4
-"""The producer is a warpgroup: ``setmaxnreg`` gives registers back per warpgroup."""
-PRODUCER_REGISTERS = 24
-"""Registers a producer thread keeps (``setmaxnreg.dec``): addresses and counters of its copies."""
-SUBPARTITIONS = 4
-"""An SM's sub-partitions, each with a quarter of its registers: each warp lives in one, so a block of ``4·n``
-warps has ``registers / (4·32·n)`` registers per thread unless warpgroups trade them (``setmaxnreg``)."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
 ``__launch_bounds__`` for a second block where the tiles nearly fit, which ptxas then meets by reusing the
 registers of tiles that are dead at different times; a high one would leave the SM half empty."""
-THREAD_REGISTERS = 255
-"""The most registers one thread may use (PTX's limit; ``setmaxnreg`` may give a warpgroup up to 256)."""
 
 
 @dataclass(frozen=True)
@@ -213,7 +201,7 @@ class FragmentLoop:
     shared: tuple[SharedValue, ...] = ()
     computing_registers: int = 0
     """With a producer: the registers each computing thread takes (``setmaxnreg.inc``) once the producer has
-    given its own back (:func:`_computing_registers`)."""
+    given its own back (:func:`~polyfuse.emit_cpp.warpgroups.computing_registers`)."""
     barriers: str | None = None
     """With a producer warpgroup (:func:`_producer`): the shared array of its four mbarriers, ``full`` of the
     two stages (their copies landed) then ``empty`` (every computing thread is done with them)."""
@@ -253,7 +241,7 @@ class FragmentLoop:
     def registers(self) -> int:
         """Registers a thread needs, estimated: its tiles, the largest product's accumulators (each of its
         output tiles' four) and ``REGISTER_OVERHEAD`` for addresses, operand fragments and temporaries."""
-        products = max((_accumulators(st.dot) for st in self.stmts.values() if st.dot is not None), default=0)
+        products = max((warpgroups.accumulators(st.dot) for st in self.stmts.values() if st.dot is not None), default=0)
         return self.tiles + products + REGISTER_OVERHEAD
 
     @property
@@ -482,10 +470,11 @@ def warps_for(frame: Frame, loop: Loop) -> int | None:
 
 def _producer(frame: Frame, loop: Loop, shape: _Shape) -> bool:
     """Whether a warpgroup of its own copies the loop's operand tiles (warp specialisation, the options'
-    ``producer_warp``): where every product will be a warpgroup product (:func:`_warpgroup`, judged here from
-    the operands' shapes before they are planned) with its memory operands copied raw by cp.async, and the
-    next iteration's tiles are copied during this one (``prefetch``).  Decided from the loop alone, so that the
-    kernel's threads (:func:`warps_for`) and the plan (:func:`plan`) agree."""
+    ``producer_warp``): where every product will be a warpgroup product
+    (:func:`~polyfuse.emit_cpp.warpgroups.warpgroup_product`, judged here from the operands' shapes before they are
+    planned) with its memory operands copied raw by cp.async, and the next iteration's tiles are copied during this
+    one (``prefetch``).  Decided from the loop alone, so that the kernel's threads (:func:`warps_for`) and the plan
+    (:func:`plan`) agree."""
     o = frame.options
     if not (frame.wgmma and o.producer_warp and o.prefetch and o.async_staging) or shape.rows % WARPGROUP_ROWS:
         return False
@@ -634,7 +623,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                 continue
             source = operand(s.block, here, op, low)
             source = next((w for b, r, tile, t, name in staged
-                           if (w := _window(here, tile, t, source, low, name, b)) is not None), source)
+                           if (w := warpgroups.window(here, tile, t, source, low, name, b)) is not None), source)
             ops.append(source)
             if source.own_bytes:
                 name = fresh(f"f{role}")
@@ -643,8 +632,8 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                 staged.append((s.block, role, source, low, name))
         ntiles = b.rows_pad // 8
         pair = 2 if ntiles % 2 == 0 else 1
-        instruction = WGMMA if _warpgroup(frame, shape.rows, ops[0], ops[1]) else MMA_SYNC
-        width = _warpgroup_width(frame, b) if instruction == WGMMA else 0
+        instruction = WGMMA if warpgroups.warpgroup_product(frame, shape.rows, ops[0], ops[1]) else MMA_SYNC
+        width = warpgroups.width(frame, b) if instruction == WGMMA else 0
         dot = DotPlan(instruction, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1,
                       pair, None, M16N8, width)
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
@@ -678,108 +667,12 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
             raise InternalError(f"loop {loop.var.name}: a producer warp was planned for it, but its products or "
                                 f"operands ({', '.join(sorted(set(sources)))}) do not allow one")
         result = dataclasses.replace(result, barriers=fresh("bar"),
-                                     computing_registers=_computing_registers(frame, shape.rows))
-    budget = min(THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
-    return _folded(result, budget)
-
-
-def _accumulators(dot: DotPlan) -> int:
-    """Registers per thread of a product's accumulators live at once: each output tile's four (a folded
-    warpgroup product: one chunk's, ``width / 2``)."""
-    return dot.width // 2 if dot.fold else dot.per * 4
-
-
-def _folded(loop: FragmentLoop, budget: int) -> FragmentLoop:
-    """``loop`` with each warpgroup product whose accumulators would not fit ``budget`` registers per thread
-    beside the loop's tiles issued chunk by chunk: the widest chunk (of the product's width and narrower ones)
-    whose accumulators fit, each chunk waited for and folded into the statement before the next is issued
-    (:attr:`DotPlan.fold`).  The chunks' products are no longer in flight together, but a product whose
-    accumulators spilled would pay far more (MLA decode: 64 query heads x 256 value columns of f32 in
-    registers, 128 per thread, beside the 128 of one product).  Where no chunk fits, the product stays whole."""
-    room = budget - loop.tiles - REGISTER_OVERHEAD
-    stmts = dict(loop.stmts)
-    for block, st in loop.stmts.items():
-        dot = st.dot
-        if dot is None or dot.instruction != WGMMA or dot.b is None or _accumulators(dot) <= room:
-            continue
-        fits = [w for w in WARPGROUP_WIDTHS if w <= dot.width and w // 2 <= room and dot.b.staged.rows_pad % w == 0]
-        if fits:
-            stmts[block] = dataclasses.replace(st, dot=dataclasses.replace(dot, width=max(fits), fold=True))
-    return dataclasses.replace(loop, stmts=stmts)
-
-
-
-
-def _computing_registers(frame: Frame, rows: int) -> int:
-    """The registers per thread of a loop's computing warps beside a producer warpgroup: a sub-partition holds
-    one producer warp (``PRODUCER_REGISTERS``) and ``rows / 64`` computing ones (at most 256, in steps of 8)."""
-    per = -(-rows // STRIP) // PRODUCER_WARPS
-    lanes = frame.registers_per_sm // SUBPARTITIONS // 32
-    return min(256, (lanes - PRODUCER_REGISTERS) // per // 8 * 8)
-
-
-def _warpgroup(frame: Frame, rows: int, a: OperandPlan, b: OperandPlan) -> bool:
-    """Whether a product of a loop of ``rows`` rows runs as warpgroup products (``wgmma.m64n64k16``, one per
-    64 rows, 64 columns of ``b`` and 16 of ``k``): where the operands are staged swizzled (:class:`Frame`'s
-    ``swizzle``), the rows fill whole warpgroups, ``b`` (staged swizzled: 16-bit, not split) has whole panels of
-    64 columns, and ``a`` is computed in registers and rounded once, or staged K-major with the loop's rows.  (Not
-    an operand read from another product's tile: that tile has its own layout.)"""
-    if not frame.swizzle or rows % WARPGROUP_ROWS:
-        return False
-    if not (b.source != "held" and b.staged.swizzled and b.staged.rows_pad % PANEL == 0):
-        return False
-    if a.source == "registers":
-        return not a.staged.split
-    return a.source != "held" and a.staged.swizzled and not a.staged.trans and a.staged.rows_pad == rows
-
-
-def _window(frame: Frame, tile: OperandPlan, low: DType, x: OperandPlan, x_low: DType, buffer: str,
-            holder: str) -> OperandPlan | None:
-    """``x`` read from the panels of ``tile`` (staged into ``buffer`` at every iteration for ``holder``'s
-    product), if ``tile`` holds it: both copied raw and unmasked, swizzled into 64-column panels of the same
-    rows (``[outer_pad][64]`` each), from the same tensor at the same scalar indices and outer slice, ``tile``
-    covering the whole last dimension and ``x``'s columns starting a whole number of panels into it (MLA's value
-    tile, columns ``256·dv_0 ..`` of the key tile's ``kv[..., 0:576]``).  Then ``x`` needs no copy of its own:
-    the panels it reads are those of ``tile``, ``(start / 64)·outer_pad·64`` elements on."""
-    a, b = tile.staged, x.staged
-    if not (frame.swizzle and frame.options.share_tiles and tile.source == x.source == "cp.async"
-            and len(tile.parts) == len(x.parts) == 1 and low == x_low and a.swizzled and b.swizzled
-            and a.outer_pad == b.outer_pad and b.inner == (b.rows if b.trans else b.kk)):
-        return None
-    found, mine = raw_staging(a, low), raw_staging(b, low)
-    if found is None or mine is None or found[1] or mine[1]:
-        return None
-    t, v = found[0], mine[0]
-    if t.tensor.name != v.tensor.name or len(t.index) != len(v.index):
-        return None
-    last, here = t.index[-1], v.index[-1]
-    if not (isinstance(last, Slice) and isinstance(here, Slice) and constant(last.start) is not None
-            and constant(last.start).value == 0 and last.size == _extent(t.tensor.shape[-1])):
-        return None
-    unit = {u.name: Const(0, u.dtype) for u in frame.unit_vars}
-    for i, j in zip(t.index[:-1], v.index[:-1], strict=True):
-        if isinstance(i, Slice) != isinstance(j, Slice) or (isinstance(i, Slice) and i.size != j.size):
-            return None
-        first, second = (i.start, j.start) if isinstance(i, Slice) else (i, j)
-        if str(simplify(substitute(first, unit))) != str(simplify(substitute(second, unit))):
-            return None
-    start, _ = to_sympy(here.start)
-    if not (start / PANEL).is_integer:
-        return None
-    panels = simplify(BinOp("//", here.start, Const(PANEL, here.start.dtype)))
-    offset = simplify(BinOp("*", panels, Const(a.outer_pad * PANEL, here.start.dtype)))
-    return OperandPlan(b, "panels", buffer, holder=holder, offset=offset)
-
-
-def _extent(size: Expr) -> int | None:
-    c = constant(size)
-    return None if c is None else int(c.value)
-
-
-def _warpgroup_width(frame: Frame, b: Staged) -> int:
-    """The columns of ``b`` one warpgroup product takes: the widest of the options' ``warpgroup_width`` and
-    narrower ones that divides ``b``'s padded rows (whole 64-column panels, :func:`_warpgroup`)."""
-    return max(w for w in WARPGROUP_WIDTHS if w <= frame.options.warpgroup_width and b.rows_pad % w == 0)
+                                     computing_registers=warpgroups.computing_registers(frame, shape.rows))
+    budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
+    room = budget - result.tiles - REGISTER_OVERHEAD
+    return dataclasses.replace(result, stmts={block: st if st.dot is None else
+                                              dataclasses.replace(st, dot=warpgroups.folded(st.dot, room))
+                                              for block, st in result.stmts.items()})
 
 
 def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:
