@@ -122,7 +122,7 @@ def test_warpgroup_decode_compiles_for_sm90a(sizes):
 ])
 def test_warpgroup_decode_schedules_match_numpy_on_the_host(sizes):
     op, sizes, sch = _schedule(ANY_UNITS, **sizes)
-    assert "dv_0" in sch.trace.python() or sizes["Dv"] <= 256
+    assert "recompute_at(block='qk'" in sch.trace.python()  # (the scores per value tile: warpgroup rows taken)
     _matches_numpy(op, sizes, build(sch, "cpp"), seed=5)
 
 

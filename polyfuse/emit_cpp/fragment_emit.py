@@ -385,21 +385,20 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
         else:
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = _product(em, fl, st, e, env, arrays, wait)
-            chunks = st.dot.b.staged.rows_pad // st.dot.width if st.dot.fold and st.dot.b is not None else 1
-            for c in range(chunks):
+            zero = constant(e.acc)
+            added_to = None if zero is not None and zero.value == 0 else em.scalar(e.acc, env)  # (acc from +0)
+            # A folded product: each chunk's products, then the statement at its columns (reading them from the
+            # chunk's accumulators), before the next chunk's products reuse those.
+            chunks: list[int | None] = ([*range(st.dot.b.staged.rows_pad // st.dot.width)]
+                                        if st.dot.fold and st.dot.b is not None else [None])
+            for c in chunks:
                 cols = None
-                if st.dot.fold:
-                    # this chunk's products, then the statement at its columns (reading them from the chunk's
-                    # accumulators), before the next chunk's products reuse those
+                if c is not None:
                     _chunk(em, st, acc, arrays, c)
                     cols = (c * st.dot.width // 8, st.dot.width)
                 total = f"{acc}[pf_nb{f' - {cols[0]}' if cols and cols[0] else ''}][pf_q]"
-                zero = constant(e.acc)
-                if zero is None or zero.value != 0:  # (the accumulators started at +0)
-                    total = em.rounded(f"({em.scalar(e.acc, env)} + {total})", e.dtype)
-                em.overrides[e] = total
+                override(e, total if added_to is None else em.rounded(f"({added_to} + {total})", e.dtype))
                 _all_elements(em, fl, held, s, st, value_expr, env, cols)
-                del em.overrides[e]
     finally:
         for node in added:
             em.overrides.pop(node, None)

@@ -45,7 +45,7 @@ from polyfuse.ir.expr import Const, Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import INPUT, Loop, Seq
 from polyfuse.ir.visit import substitute
-from polyfuse.tiling.htile import Dot, Slice, TileLoad, TileStore, axis_sizes, walk_tile_expr
+from polyfuse.tiling.htile import Dot, Index, Slice, TileLoad, TileStore, axis_sizes, walk_tile_expr
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -207,15 +207,17 @@ def _holds(tile: Operand, x: Operand, unit: dict[str, Expr]) -> bool:
         return False
     if sum(isinstance(i, Slice) for i in a.index) != 2 or not isinstance(a.index[-1], Slice):
         return False
-    for i, j in zip(a.index, b.index, strict=True):
-        if isinstance(i, Slice) != isinstance(j, Slice):
-            return False
-        first, second = (i.start, j.start) if isinstance(i, Slice) else (i, j)
-        if str(simplify(substitute(first, unit))) != str(simplify(substitute(second, unit))):
-            return False
-        if isinstance(i, Slice) and j.size > i.size:
-            return False
-    return True
+    return all(same_start(i, j, unit) and not (isinstance(i, Slice) and j.size > i.size)
+               for i, j in zip(a.index, b.index, strict=True))
+
+
+def same_start(i: Index, j: Index, unit: Mapping[str, Expr]) -> bool:
+    """Whether two index entries of loads of one tensor start at the same place: equal scalars, or slices with
+    equal starts (the kernel's loops that run once, ``unit``, at 0)."""
+    if isinstance(i, Slice) != isinstance(j, Slice):
+        return False
+    first, second = (i.start, j.start) if isinstance(i, Slice) else (i, j)
+    return str(simplify(substitute(first, unit))) == str(simplify(substitute(second, unit)))
 
 
 def prologue(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from polyfuse.emit_cpp.stream import same_start
 from polyfuse.emit_cpp.dotplan import M16N8, PANEL, WGMMA, DotPlan, Frame, OperandPlan, Staged, raw_staging
 from polyfuse.emit_cpp.fragment_values import constant
 from polyfuse.emit_cpp.options import WARPGROUP_WIDTHS
 from polyfuse.ir.dtypes import DType
-from polyfuse.ir.expr import BinOp, Const, Expr
+from polyfuse.ir.expr import BinOp, Const
 from polyfuse.ir.simplify import simplify
-from polyfuse.ir.visit import substitute
 from polyfuse.symbolic import to_sympy
 from polyfuse.tiling.htile import Slice
 
@@ -102,24 +102,17 @@ def window(frame: Frame, tile: OperandPlan, low: DType, x: OperandPlan, x_low: D
     if t.tensor.name != v.tensor.name or len(t.index) != len(v.index):
         return None
     last, here = t.index[-1], v.index[-1]
-    if not (isinstance(last, Slice) and isinstance(here, Slice) and constant(last.start) is not None
-            and constant(last.start).value == 0 and last.size == _extent(t.tensor.shape[-1])):
+    start, extent = constant(last.start) if isinstance(last, Slice) else None, constant(t.tensor.shape[-1])
+    if not (isinstance(here, Slice) and start is not None and start.value == 0 and extent is not None
+            and last.size == extent.value):
         return None
     unit = {u.name: Const(0, u.dtype) for u in frame.unit_vars}
-    for i, j in zip(t.index[:-1], v.index[:-1], strict=True):
-        if isinstance(i, Slice) != isinstance(j, Slice) or (isinstance(i, Slice) and i.size != j.size):
-            return None
-        first, second = (i.start, j.start) if isinstance(i, Slice) else (i, j)
-        if str(simplify(substitute(first, unit))) != str(simplify(substitute(second, unit))):
-            return None
-    start, _ = to_sympy(here.start)
-    if not (start / PANEL).is_integer:
+    if not all(same_start(i, j, unit) and not (isinstance(i, Slice) and i.size != j.size)
+               for i, j in zip(t.index[:-1], v.index[:-1], strict=True)):
+        return None
+    if not (to_sympy(here.start)[0] / PANEL).is_integer:
         return None
     panels = simplify(BinOp("//", here.start, Const(PANEL, here.start.dtype)))
     offset = simplify(BinOp("*", panels, Const(a.outer_pad * PANEL, here.start.dtype)))
     return OperandPlan(b, "panels", buffer, holder=holder, offset=offset)
 
-
-def _extent(size: Expr) -> int | None:
-    c = constant(size)
-    return None if c is None else int(c.value)

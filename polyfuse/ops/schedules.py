@@ -242,12 +242,12 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
     value_dim = int(sch.program.tensor("pv").shape[-1].value)
     t = tiling or gpu_decode_tiling(batch, q_heads, kv_heads, keys, qk_dim, value_dim=value_dim, device=device,
                                     tuning=tuning)
-    if t.value_columns:
-        _attention_decode_warpgroups(sch, t)
-        return
-    if (q_heads // kv_heads) % t.heads or t.split % t.tile:
+    if (q_heads // kv_heads) % t.heads or t.split % t.tile or (t.value_columns and value_dim % t.value_columns):
         raise PolyfuseError(f"decode tiling {t}: the heads per block must divide the {q_heads // kv_heads} query "
-                            "heads of a kv head, and the tile the split")
+                            f"heads of a kv head, the tile the split, and the value columns the {value_dim} of pv")
+    if t.value_columns:
+        _attention_decode_warpgroups(sch, t, keys)
+        return
     _, h, i, j, _ = sch.get_loops("qk")
     if t.heads == 1:
         grid, rows = [h], []
@@ -256,6 +256,17 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
     else:
         group, row = sch.split(h, [None, t.heads])
         grid, rows = [group], [row]
+    split = _keys_in_steps(sch, j, [i, *grid], rows, t, keys)
+    sch.reverse_compute_at("out", (grid or [i])[-1])
+    if split is not None:
+        _spread_combine(sch, (grid or [i])[-1], t.columns)
+
+
+def _keys_in_steps(sch: Schedule, j: LoopRef, outer: list[LoopRef], rows: list[LoopRef], t: DecodeTiling,
+                   keys: int) -> LoopRef | None:
+    """``qk``'s key loop ``j`` split into ``t.splits(keys)`` splits of steps of ``t.tile`` keys (a loop of one
+    iteration left out), ordered ``outer``, split, step, ``rows``, the keys of a step; split-k over the splits
+    (the partials and their combine) and rolling over the steps.  Returns the split loop (None: one split)."""
     splits, steps = t.splits(keys), t.split // t.tile
     split = step = None
     if splits == 1:
@@ -264,7 +275,7 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
         split, keys_in_tile = sch.split(j, [None, t.tile])
     else:
         split, step, keys_in_tile = sch.split(j, [None, steps, t.tile])
-    sch.reorder([x for x in (i, *grid, split, step, *rows, keys_in_tile) if x is not None])
+    sch.reorder([x for x in (*outer, split, step, *rows, keys_in_tile) if x is not None])
     if split is not None:
         sch.reverse_compute_at("score", split)
         sch.split_k_update("row_sum", split)
@@ -274,20 +285,17 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
         sch.reverse_compute_at("score", step)
         for block in ("row_max", "row_sum", "pv") if split is None else ("row_max_rf", "row_sum_rf", "pv_rf"):
             sch.rolling_update(block, step)
-    sch.reverse_compute_at("out", (grid or [i])[-1])
-    if split is not None:
-        _spread_combine(sch, (grid or [i])[-1], t.columns)
+    return split
 
 
-def _attention_decode_warpgroups(sch: Schedule, t: DecodeTiling) -> None:
+def _attention_decode_warpgroups(sch: Schedule, t: DecodeTiling, keys: int) -> None:
     """Decode attention with ``t.heads`` query heads as the rows of a block and ``t.value_columns`` value columns
     per block (:func:`warpgroup_decode_tiling`).
 
     ``pv``'s heads and value columns are split (``h_0``, ``dv_0``), the value tiles brought outside the heads
     of a block, ``out`` computed at ``dv_0`` and every producer of ``pv`` recomputed there (each value tile
-    recomputes its scores: the grid is (b, i, head group, value tile)); then the keys of ``qk`` are split
-    into splits of steps of ``t.tile`` keys as in :func:`_attention_decode_gpu`, split-k over the splits and
-    rolling over the steps."""
+    recomputes its scores: the grid is (b, i, head group, value tile)); then the keys of ``qk`` in splits of
+    steps as in :func:`_attention_decode_gpu` (:func:`_keys_in_steps`)."""
     _, h, i, dv, _ = sch.get_loops("pv")
     group, heads = sch.split(h, [None, t.heads])
     value_tile, _ = sch.split(dv, [None, t.value_columns])
@@ -296,24 +304,8 @@ def _attention_decode_warpgroups(sch: Schedule, t: DecodeTiling) -> None:
     order = [b.name for b in sch.program.blocks()]
     for block in reversed(order[:order.index("pv")]):
         sch.recompute_at(block, sch.loop("pv", value_tile.name))
-    *_, rows, keys, _ = sch.get_loops("qk")
-    extent = _extent(sch, keys)
-    assert extent is not None
-    splits, steps = t.splits(extent), t.split // t.tile
-    if splits > 1:
-        split, step, tile = sch.split(keys, [None, steps, t.tile])
-        sch.reorder([split, step, rows, tile])
-        sch.reverse_compute_at("score", split)
-        sch.split_k_update("row_sum", split)
-        sch.split_k_update("pv", split, factor_axis=len(sch.program.tensor("pv").shape) - 1)
-        rolled = ("row_max_rf", "row_sum_rf", "pv_rf")
-    else:
-        step, tile = sch.split(keys, [None, t.tile])
-        sch.reorder([step, rows, tile])
-        rolled = ("row_max", "row_sum", "pv")
-    sch.reverse_compute_at("score", step)
-    for block in rolled:
-        sch.rolling_update(block, step)
+    *_, rows, j, _ = sch.get_loops("qk")
+    _keys_in_steps(sch, j, [], [rows], t, keys)
 
 
 def _spread_combine(sch: Schedule, anchor: LoopRef, columns: int) -> None:
