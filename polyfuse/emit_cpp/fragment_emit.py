@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
-from polyfuse.emit_cpp.fragments import (
-    BARRIER_BYTES, STAGES, STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body,
-)
+from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body
 from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
 from polyfuse.emit_cpp.fragment_values import constant, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
@@ -42,7 +41,7 @@ def emit(em: CudaEmitter, loop: Loop, fl: FragmentLoop, offsets: Mapping[str, in
         em.shared_array("uint16_t", name, nbytes, offsets[name], fl.align)
     if fl.producer:
         assert fl.barriers is not None
-        em.shared_array("uint64_t", fl.barriers, BARRIER_BYTES, offsets[fl.barriers])
+        em.shared_array("uint64_t", fl.barriers, fl.barrier_bytes, offsets[fl.barriers])
         _specialised(em, loop, fl, body, held)
     else:
         _in_step(em, loop, fl, body, held)
@@ -95,17 +94,19 @@ def _in_step(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStor
 
 def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[TileStore, ...],
                  held: Mapping[str, Held]) -> None:
-    """Warp specialisation: the last warpgroup copies iteration ``j``'s operand tiles into stage ``j % 2`` once
-    the computing warps have released it (``empty``), each of its threads arriving on ``full`` when its copies
-    land; the computing warps wait for ``full``, compute, and arrive on ``empty``.  The producer gives registers
-    back and the others take them (``setmaxnreg``: the computing warps hold every tile in registers).  The tiles
-    copied once (the query tile) are copied by every thread before the roles split.  mbarrier phases: stage
-    ``s`` completes phase ``j / 2`` at iteration ``j``, so ``full`` is waited with parity ``(j / 2) & 1`` and
-    ``empty`` (for the iteration two before) with the other one."""
+    """Warp specialisation: the last warpgroup copies iteration ``j``'s operand tiles into stage ``j % S`` (``S``
+    stages) once the computing warps have released it (``empty``), each of its threads arriving on ``full`` when
+    its copies land; the computing warps wait for ``full``, compute, and arrive on ``empty`` (with a product
+    issued one iteration late, for the previous iteration's stage: its ``b`` was read until then).  The producer
+    gives registers back and the others take them (``setmaxnreg``: the computing warps hold every tile in
+    registers).  The tiles copied once (the query tile) are copied by every thread before the roles split.
+    mbarrier phases: stage ``s`` completes phase ``j / S`` at iteration ``j``, so ``full`` is waited with parity
+    ``(j / S) & 1`` and ``empty`` (for the iteration ``S`` before) with the other one."""
     bars, var = fl.barriers, loop.var.name
     computing = -(-fl.rows // STRIP) * em.warp
     producers = PRODUCER_WARPS * em.warp
     extent = em.scalar(loop.extent, {})
+    stages = fl.stages
     em.open(f"if ({extent} > 0)")
     em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
     _issue(em, fl, body, "kept", var)
@@ -114,33 +115,168 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     em.line("pf::cp_async_wait<0>();")
     em.line("pf::fence_async_shared();")
     em.open("if (pf_tid == 0)")
-    for stage in range(STAGES):
+    for stage in range(stages):
         em.line(f"pf::mbarrier_init(&{bars}[{stage}], {producers});  // full: one arrival per copying thread")
-        em.line(f"pf::mbarrier_init(&{bars}[{STAGES + stage}], {computing});  // empty: every computing thread")
+        em.line(f"pf::mbarrier_init(&{bars}[{stages + stage}], {computing});  // empty: every computing thread")
     em.close()
     em.barrier()
     em.open(f"if (pf_tid >= {computing})")
     em.line(f"pf::setmaxnreg_dec<{PRODUCER_REGISTERS}>();")
     em.open(em.loop_header(loop))
-    em.line(f"if ({var} >= {STAGES}) pf::mbarrier_wait(&{bars}[{STAGES} + ({var} & 1)], (({var} >> 1) & 1) ^ 1);")
+    em.line(f"if ({var} >= {stages}) pf::mbarrier_wait(&{bars}[{stages} + ({_stage_of(fl, var)})], "
+            f"({_phase(fl, var)}) ^ 1);")
     with em.threads_as(f"pf_tid - {computing}", producers):
         _issue(em, fl, body, "next", var)
-    em.line(f"pf::cp_async_arrive(&{bars}[{var} & 1]);")
+    em.line(f"pf::cp_async_arrive(&{bars}[{_stage_of(fl, var)}]);")
     em.close()
     em.line("pf::cp_async_wait<0>();")
     em.close()
     em.open("else")
     em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
     _load_held(em, fl)
-    em.open(em.loop_header(loop))
-    em.line(f"pf::mbarrier_wait(&{bars}[{var} & 1], ({var} >> 1) & 1);")
-    em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
-    arrays = _issue(em, fl, body, "read", var)
-    _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts})
-    em.line(f"pf::mbarrier_arrive(&{bars}[{STAGES} + ({var} & 1)]);")
-    em.close()
+    late = _Late.declare(em, fl, body) if fl.deferred is not None else None
+
+    def consume(first: bool = False) -> None:
+        em.line(f"pf::mbarrier_wait(&{bars}[{_stage_of(fl, var)}], {_phase(fl, var)});")
+        em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
+        arrays = _issue(em, fl, body, "read", var)
+        _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts}, late, var, first)
+
+    if late is None:
+        em.open(em.loop_header(loop))
+        consume()
+        em.line(f"pf::mbarrier_arrive(&{bars}[{stages} + ({_stage_of(fl, var)})]);")
+        em.close()
+    else:
+        # The first iteration on its own (no product of an earlier one), so that every later one issues, waits for
+        # and folds the previous one's unconditionally (ptxas then sees every wgmma retired on every path).
+        em.open(f"if ({extent} > 0)")
+        em.line(f"const {em.widths.loop} {var} = 0;")
+        consume(first=True)
+        em.close()
+        em.open(f"for ({em.widths.loop} {var} = 1; {var} < {extent}; ++{var})")
+        consume()
+        em.line(f"pf::mbarrier_arrive(&{bars}[{stages} + ({_stage_of(fl, f'({var} - 1)')})]);  // (read until now)")
+        em.close()
+    if late is not None:
+        # The last iteration's late product and its statement.
+        em.open(f"if ({extent} > 0)")
+        em.line(f"const {em.widths.loop} pf_prev = {extent} - 1;")
+        late.accumulators(em, fl, rows=False)
+        late.issue(em, fl, body, "pf_prev")
+        em.line("pf::wgmma_wait<0>();")
+        late.hold(em, fragments=False)
+        late.fold(em, fl, held, var)
+        em.close()
     _finish(em, fl, held)
     em.close()
+
+
+def _stage_of(fl: FragmentLoop, var: str) -> str:
+    """C text of the stage of the iteration ``var`` names."""
+    return f"{var} & 1" if fl.stages == 2 else f"{var} % {fl.stages}"
+
+
+def _phase(fl: FragmentLoop, var: str) -> str:
+    """C text of the parity of the phase its stage completes at the iteration ``var`` names."""
+    return f"({var} >> 1) & 1" if fl.stages == 2 else f"({var} / {fl.stages}) & 1"
+
+
+@dataclass(frozen=True)
+class _Late:
+    """The registers of a product issued one iteration late (:class:`~.fragments.Deferred`): its A fragments
+    (``fragments``), its accumulators (``acc``, per iteration), and each row part of its statement's value as the
+    iteration computes it (``rows``) and as the next one reads it (``carried``)."""
+
+    stmt: TileStore
+    fragments: str
+    acc: str
+    rows: tuple[str, ...]
+    carried: tuple[str, ...]
+
+    @staticmethod
+    def declare(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]) -> _Late:
+        """Name the registers, declaring those that outlive an iteration."""
+        assert fl.deferred is not None
+        s = next(x for x in body if x.block == fl.deferred.block)
+        st = fl.stmts[s.block]
+        assert st.dot is not None and st.dot.a is not None and st.value is not None
+        parts = st.row_parts[st.value]
+        late = _Late(s, em.fresh("late_fa"), em.fresh("late_fc"), tuple(em.fresh("late_row") for _ in parts),
+                     tuple(em.fresh("late_kept") for _ in parts))
+        em.line(f"// {s.block}'s product issued one iteration late: its A fragments and row values kept until then")
+        em.line(f"uint32_t {late.fragments}[{st.dot.a.staged.kp // 16}][4];")
+        for name, x in zip(late.carried, parts, strict=True):
+            em.line(f"{em.ctype(x.dtype)} {name}[2];")
+        return late
+
+    def accumulators(self, em: CudaEmitter, fl: FragmentLoop, rows: bool = True, product: bool = True) -> None:
+        """Declare the product's accumulators (zero-based; ``product``) and (``rows``) the iteration's row values."""
+        st = fl.stmts[self.stmt.block]
+        assert st.dot is not None and st.dot.b is not None
+        if product:
+            em.line(f"float {self.acc}[{st.dot.b.staged.rows_pad // 8}][4] = {{}};")
+        for name, x in zip(self.rows, fl.stmts[self.stmt.block].row_parts[st.value], strict=True) if rows else ():
+            em.line(f"{em.ctype(x.dtype)} {name}[2];")
+
+    def hold(self, em: CudaEmitter, fragments: bool = True) -> None:
+        """After the wait that retires the product: its accumulators (and A fragments) held there
+        (``pf::wgmma_hold``), so that the compiler moves no read of them, or write of the next fragments, above it."""
+        em.line(f"pf::wgmma_hold({self.acc});")
+        if fragments:
+            em.line(f"pf::wgmma_hold({self.fragments});")
+
+    def issue(self, em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], prev: str) -> None:
+        """Issue the product of the iteration ``prev`` names (its ``b`` in that iteration's stage) into the
+        accumulators, committed, not waited for."""
+        st = fl.stmts[self.stmt.block]
+        assert st.dot is not None and st.dot.b is not None
+        sizes = em.sizes  # (printed inside another statement, whose sizes _issue must not replace)
+        arrays = _issue(em, fl, body, "read", prev)
+        em.sizes = sizes
+        _warpgroup_issue(em, st, self.acc, None, arrays[(st.block, "b")],
+                         range(st.dot.b.staged.rows_pad // st.dot.width), self.fragments, wait=False)
+
+    def rows_here(self, em: CudaEmitter, fl: FragmentLoop, env: dict[str, str]) -> None:
+        """At the statement's own place: its row parts of this iteration, into ``rows``."""
+        st = fl.stmts[self.stmt.block]
+        assert st.value is not None
+        em.line(f"// {self.stmt.block}: its row values, for its statement at the end of the next iteration")
+        _rows(em, st.row, fl.rows)
+        for name, x in zip(self.rows, st.row_parts[st.value], strict=True):
+            em.line(f"{name}[pf_h] = {em.scalar(x, env)};")
+        em.close()
+
+    def keep(self, em: CudaEmitter, fl: FragmentLoop, env: dict[str, str]) -> None:
+        """At the end of the iteration: its row values and A fragments kept for the next one."""
+        st = fl.stmts[self.stmt.block]
+        assert st.dot is not None and st.dot.a is not None
+        e = next(n for n in walk_tile_expr(st.value) if isinstance(n, Dot))
+        em.line(f"// {self.stmt.block}: this iteration's A fragments and row values, for the next one")
+        for name, kept in zip(self.rows, self.carried, strict=True):
+            em.line(f"{kept}[0] = {name}[0]; {kept}[1] = {name}[1];")
+        em.line("#pragma unroll")
+        em.open(f"for (int pf_ks = 0; pf_ks < {st.dot.a.staged.kp // 16}; ++pf_ks)")
+        _register_a(em, fl, st, e, env, f"{self.fragments}[pf_ks]", None)
+        em.close()
+
+    def fold(self, em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], var: str) -> None:
+        """The statement of the iteration ``pf_prev`` names from the product's accumulators (waited for) and
+        its kept row values (its loop variable that iteration's)."""
+        st = fl.stmts[self.stmt.block]
+        assert st.value is not None
+        em.line(f"// {self.stmt.block} of the previous iteration")
+        em.open("")
+        em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = pf_prev;")
+        added = [x for x in st.row_parts[st.value] if x not in em.overrides]
+        for x, kept in zip(st.row_parts[st.value], self.carried, strict=True):
+            em.overrides.setdefault(x, f"{kept}[pf_h]")
+        try:
+            _statement(em, fl, held, self.stmt, {}, None, accumulators=self.acc)
+        finally:
+            for x in added:
+                em.overrides.pop(x, None)
+        em.close()
 
 
 def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
@@ -155,11 +291,29 @@ def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
 
 
 def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], held: Mapping[str, Held],
-               arrays: Mapping[tuple[str, str], str], waits: Mapping[str, int | None]) -> None:
-    """One iteration's statements on the registers (``arrays``: the operands in shared memory)."""
+               arrays: Mapping[tuple[str, str], str], waits: Mapping[str, int | None], late: _Late | None = None,
+               var: str = "", first: bool = False) -> None:
+    """One iteration's statements on the registers (``arrays``: the operands in shared memory).  With a product
+    issued one iteration late (``late``; ``var`` the loop variable): the previous iteration's (unless ``first``)
+    issued after the product it follows and its statement at the end, then this iteration's A fragments and row
+    values kept for the next."""
     for h in fl.held:
         if h.per_iteration:
             em.line(h.declaration())
+    if late is not None:
+        late.accumulators(em, fl, product=not first)
+    prev = f"const {em.widths.loop} pf_prev = {var} - 1;"
+    earlier = late is not None and not first  # (a product of the previous iteration to issue and fold)
+
+    def issue_late(acc: str) -> None:
+        assert late is not None
+        em.open("")
+        em.line(prev)
+        late.issue(em, fl, body, "pf_prev")
+        em.close()
+        em.line("pf::wgmma_wait<1>();  // (this iteration's product; the late one stays in flight)")
+        em.line(f"pf::wgmma_hold({acc});")
+
     shared: list[Expr] = []
     try:
         for s in body:
@@ -167,10 +321,39 @@ def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], h
                 if v.before == s.block:
                     _shared_value(em, fl, held, v)
                     shared += v.nodes
-            _statement(em, fl, held, s, arrays, waits.get(s.block))
+            if late is not None and s is late.stmt:
+                _at(em, held, s, lambda env: late.rows_here(em, fl, env))
+                continue
+            after = earlier and fl.deferred is not None and s.block == fl.deferred.after
+            _statement(em, fl, held, s, arrays, waits.get(s.block), then=issue_late if after else None)
+        if late is not None and earlier:
+            em.open("")
+            em.line(prev)
+            em.line("pf::wgmma_wait<0>();")
+            late.hold(em)
+            late.fold(em, fl, held, var)
+            em.close()
+        if late is not None:
+            _at(em, held, late.stmt, lambda env: late.keep(em, fl, env))
     finally:
         for node in shared:
             em.overrides.pop(node, None)
+
+
+def _at(em: CudaEmitter, held: Mapping[str, Held], s: TileStore, body: Callable[[dict[str, str]], None]) -> None:
+    """``body(env)`` in a scope of statement ``s``: its axes' sizes and variables, its reads of held tensors from
+    their registers."""
+    em.sizes = axis_sizes(s)
+    em.materialized = {}
+    env = {a: axis_var(a) for a in em.sizes}
+    em.open("")
+    added = _load_overrides(em, held, [s.value, *([s.mask] if s.mask is not None else [])], env)
+    try:
+        body(env)
+    finally:
+        for node in added:
+            em.overrides.pop(node, None)
+    em.close()
 
 
 def _finish(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held]) -> None:
@@ -230,11 +413,11 @@ def _cols(em: CudaEmitter, axis: str, size: int, first: int = 0) -> None:
 
 
 def _buffer(fl: FragmentLoop, name: str, var: str) -> str:
-    """C text of a staging buffer's part for the iteration ``var`` names (with prefetch, two alternate)."""
+    """C text of a staging buffer's part for the iteration ``var`` names (with prefetch, one per stage)."""
     if not fl.prefetch:
         return name
-    half = dict(fl.buffers)[name] // 4  # 16-bit elements of one of its two parts
-    return f"({name} + ({var} & 1) * {half})"
+    part = dict(fl.buffers)[name] // 2 // fl.stages  # 16-bit elements of one stage
+    return f"({name} + ({_stage_of(fl, var)}) * {part})"
 
 
 def _issue(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], mode: str, var: str
@@ -328,10 +511,12 @@ def _issue_each(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]
 
 
 def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: TileStore,
-               arrays: Mapping[tuple[str, str], str], wait: int | None) -> None:
+               arrays: Mapping[tuple[str, str], str], wait: int | None, then: Callable[[str], None] | None = None,
+               accumulators: str | None = None) -> None:
     """Statement ``s`` on the thread's fragment elements: into its registers, or (the epilogue) into memory
     for the real rows.  ``wait``: copy groups its product may leave in flight before its barrier (None: the
-    iteration's copies have been waited for)."""
+    iteration's copies have been waited for); ``then``: printed after its warpgroup product is committed,
+    instead of the wait for it; ``accumulators``: its product's, already issued and waited for."""
     st = fl.stmts[s.block]
     em.sizes = axis_sizes(s)
     em.materialized = {}
@@ -384,7 +569,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             _all_elements(em, fl, held, s, st, value_expr, env)
         else:
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
-            acc = _product(em, fl, st, e, env, arrays, wait)
+            acc = accumulators or _product(em, fl, st, e, env, arrays, wait, then)
             zero = constant(e.acc)
             added_to = None if zero is not None and zero.value == 0 else em.scalar(e.acc, env)  # (acc from +0)
             # A folded product: each chunk's products, then the statement at its columns (reading them from the
@@ -499,8 +684,9 @@ def _load_overrides(em: CudaEmitter, held: Mapping[str, Held], exprs: list[Expr]
 
 
 def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
-             arrays: Mapping[tuple[str, str], str], wait: int | None) -> str:
-    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``); returns the name."""
+             arrays: Mapping[tuple[str, str], str], wait: int | None, then: Callable[[str], None] | None = None) -> str:
+    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``); returns the name.
+    ``then``: a warpgroup product's, printed after its commit instead of the wait (:func:`_warpgroup_issue`)."""
     plan = st.dot
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     low = LOW[plan.low.name]
@@ -518,7 +704,7 @@ def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: d
             em.line("pf::fence_async_shared();")
         em.barrier()
     if plan.instruction == WGMMA:
-        _warpgroup_product(em, fl, st, e, env, acc, None if st.a_registers else sa, sb)
+        _warpgroup_product(em, fl, st, e, env, acc, None if st.a_registers else sa, sb, then)
         return acc
     em.line("#pragma unroll")
     em.open(f"for (int pf_ks = 0; pf_ks < {a.kp // 16}; ++pf_ks)")
@@ -590,7 +776,7 @@ def _register_a(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env
 
 
 def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
-                       acc: str, sa: str | None, sb: str) -> None:
+                       acc: str, sa: str | None, sb: str, then: Callable[[str], None] | None = None) -> None:
     """The statement's product as warpgroup products into ``acc``: warpgroup ``pf_warp / 4`` multiplies its 64
     rows of ``a`` (from swizzled ``sa``, or from registers where ``sa`` is None) by each chunk ``c`` of ``W``
     columns of ``b`` (swizzled ``sb``; ``W`` the plan's width) into tiles ``(W / 8)·c ..`` of ``acc``, one
@@ -612,7 +798,7 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
         _register_a(em, fl, st, e, env, "pf_fa[pf_ks]", None)
         em.close()
     if not plan.fold:
-        _warpgroup_issue(em, st, acc, sa, sb, range(b.rows_pad // plan.width))
+        _warpgroup_issue(em, st, acc, sa, sb, range(b.rows_pad // plan.width), then=then)
 
 
 def _chunk(em: CudaEmitter, st: FragmentStmt, acc: str, arrays: Mapping[tuple[str, str], str], c: int) -> None:
@@ -621,10 +807,11 @@ def _chunk(em: CudaEmitter, st: FragmentStmt, acc: str, arrays: Mapping[tuple[st
                      range(c, c + 1))
 
 
-def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None, sb: str,
-                     chunks: range) -> None:
-    """The warpgroup products of ``chunks`` of ``b`` (from tile ``(W / 8)·(c − first)`` of ``acc``), every k step,
-    and the wait for them."""
+def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None, sb: str, chunks: range,
+                     fa: str = "pf_fa", wait: bool = True, then: Callable[[str], None] | None = None) -> None:
+    """The warpgroup products of ``chunks`` of ``b`` (from tile ``(W / 8)·(c − first)`` of ``acc``; ``a`` from
+    ``sa``, else the A fragments ``fa``), every k step, committed, and the wait for them (``then``: printed
+    instead; ``wait`` off: none)."""
     plan = st.dot
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     a, b = plan.a.staged, plan.b.staged
@@ -650,9 +837,12 @@ def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None
         db = f"pf::wgmma_desc_k128({sb} + {at}{lbo})"
         template = f"<{int(b.trans)}, {c - chunks.start}>"
         if sa is None:
-            em.line(f"{name}_rs{template}({acc}, pf_fa[pf_ks], {db}, pf_ks > 0);")
+            em.line(f"{name}_rs{template}({acc}, {fa}[pf_ks], {db}, pf_ks > 0);")
         else:
             em.line(f"{name}{template}({acc}, pf_da, {db}, pf_ks > 0);")
     em.close()
     em.line("pf::wgmma_commit();")
-    em.line("pf::wgmma_wait<0>();")
+    if then is not None:
+        then(acc)
+    elif wait:
+        em.line("pf::wgmma_wait<0>();")

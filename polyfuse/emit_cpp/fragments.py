@@ -93,8 +93,9 @@ STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
 STAGES = 2
 """Operand tiles in flight with a producer warpgroup: the one being computed on and the next."""
-BARRIER_BYTES = 2 * STAGES * 8
-"""A producer warpgroup's mbarriers: ``full`` and ``empty`` of each stage, 8 bytes each."""
+DEFERRED_STAGES = 3
+"""Operand tiles in flight where a product is issued one iteration late (:class:`Deferred`): the previous
+iteration's (its ``b`` is still read), this one's and the next."""
 REGISTER_OVERHEAD = 24
 """Registers a fragment loop's thread needs beside its tiles and its largest product's accumulators
 (:attr:`FragmentLoop.registers`): operand fragments, addresses, loop state.  A low estimate errs towards asking
@@ -182,6 +183,25 @@ class SharedValue:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """Statement ``block``'s product issued one iteration late: at iteration ``j``, right after the product of
+    statement ``after`` (``Q·Kᵀ`` of ``j``) is issued, the product of iteration ``j − 1`` (``P·V``) is issued
+    from the A fragments kept since then, so it runs on the tensor cores while ``j``'s statements between the two
+    (the softmax) run on the others; its statement's elementwise pass (``O = O·h + P·V``) runs at the end of
+    iteration ``j``, after waiting for it, from ``j − 1``'s row values (``h``, kept in registers), and the last
+    iteration's after the loop.  FlashAttention-3's intra-warpgroup overlap.
+
+    Equal to the program in every case: the statement's value reads, besides its product and its own tensor,
+    only values of its row computed at its own place in iteration ``j − 1`` (:func:`_deferred` checks that no
+    statement reads its tensor or writes what it reads after it).  Costs the product's accumulators and A
+    fragments in registers across the softmax, and a third stage of operand tiles (the previous iteration's
+    ``b`` is read during this one)."""
+
+    block: str
+    after: str
+
+
+@dataclass(frozen=True)
 class FragmentLoop:
     """A loop computed in warp fragments: ``rows`` rows per tile (``rows / 16`` warps), the tensors in
     registers, the statements' plans by block (the loop's and its ``epilogue``'s: the statements after the
@@ -208,6 +228,18 @@ class FragmentLoop:
     reciprocals: tuple[Reciprocal, ...] = ()
     """Each division that a product takes as its register operand: multiplied by a reciprocal computed once per
     row where that is proven within the tolerance, else divided (:mod:`~polyfuse.emit_cpp.reciprocal`)."""
+    deferred: Deferred | None = None
+    """With a producer warpgroup: the product issued one iteration late (:class:`Deferred`)."""
+
+    @property
+    def stages(self) -> int:
+        """Iterations of operand tiles the buffers hold with prefetch (a producer's stages)."""
+        return DEFERRED_STAGES if self.deferred is not None else STAGES
+
+    @property
+    def barrier_bytes(self) -> int:
+        """A producer warpgroup's mbarriers: ``full`` and ``empty`` of each stage, 8 bytes each."""
+        return 2 * self.stages * 8
 
     @property
     def row_values(self) -> tuple[SharedValue, ...]:
@@ -253,7 +285,7 @@ class FragmentLoop:
         warps = -(-self.rows // STRIP)
         lines = [f"in warp fragments: {warps} warps of {STRIP} whole rows ({self.rows} real); "
                  f"register operands {'rounded once' if self.round_once else 'split hi+lo'}; "
-                 + (f"warps {warps}-{warps + PRODUCER_WARPS - 1} copy the operand tiles into {STAGES} stages "
+                 + (f"warps {warps}-{warps + PRODUCER_WARPS - 1} copy the operand tiles into {self.stages} stages "
                     f"(mbarriers {self.barriers}; registers {PRODUCER_REGISTERS} for them, "
                     f"{self.computing_registers} for the others)"
                     if self.producer else "operands of the next iteration copied during this one" if self.prefetch
@@ -271,6 +303,10 @@ class FragmentLoop:
                          f"({'a tile' if v.col is not None else 'a row value'} that several statements use)")
         for r in self.reciprocals:
             lines.append(r.describe())
+        if self.deferred is not None:
+            lines.append(f"{self.deferred.block}'s product issued one iteration late, after {self.deferred.after}'s: "
+                         f"it runs during the statements between them, its statement at the end of the next "
+                         f"iteration (and the last after the loop)")
         if self.epilogue:
             lines.append("after the loop, from registers: " + ", ".join(e.block for e in self.epilogue))
         return lines
@@ -670,9 +706,74 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                                      computing_registers=warpgroups.computing_registers(frame, shape.rows))
     budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
     room = budget - result.tiles - REGISTER_OVERHEAD
-    return dataclasses.replace(result, stmts={block: st if st.dot is None else
-                                              dataclasses.replace(st, dot=warpgroups.folded(st.dot, room))
-                                              for block, st in result.stmts.items()})
+    result = dataclasses.replace(result, stmts={block: st if st.dot is None else
+                                                dataclasses.replace(st, dot=warpgroups.folded(st.dot, room))
+                                                for block, st in result.stmts.items()})
+    deferred = _deferred(frame, body, result, budget)
+    if deferred is None:
+        return result
+    return dataclasses.replace(result, deferred=deferred,
+                               buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers))
+
+
+def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int) -> Deferred | None:
+    """The product of ``fl`` to issue one iteration late (:class:`Deferred`), if one may be: with a producer
+    warpgroup (the options' ``overlap_products``), the first warpgroup product whose ``a`` is computed from
+    registers, issued whole, after another product (issued whole) of the iteration; its statement unmasked, its
+    tensor read by no other statement and nothing it reads written after it, and its value reading, besides its
+    product and its own tensor, only parts computed once per row (carried to the next iteration); and where the
+    accumulators and A fragments it keeps across the iteration fit ``budget`` registers beside the loop's tiles and
+    the other products' accumulators (:func:`deferred_registers`; ptxas spilled 32-340 bytes on the catalog's
+    128-wide heads with 128-key tiles, which this refuses, and none with 64-key tiles, which it takes)."""
+    if not (frame.options.overlap_products and fl.producer):
+        return None
+    for k, s in enumerate(body):
+        st = fl.stmts[s.block]
+        if st.dot is None or not st.a_registers:
+            continue
+        before = [p for p in body[:k] if fl.stmts[p.block].dot is not None]
+        if not before or st.dot.fold or st.dot.instruction != WGMMA or s.mask is not None or st.unmasked is not None:
+            return None
+        first = fl.stmts[before[-1].block].dot
+        assert first is not None and st.value is not None
+        if first.fold or first.instruction != WGMMA:
+            return None
+        name = s.tensor.name
+        if next(h for h in fl.held if h.name == name).per_iteration:
+            return None
+        if any(_reads(x, name) for other in body if other is not s for x in store_exprs(other)):
+            return None
+        read = {n.tensor.name for n in walk_tile_expr(st.value) if isinstance(n, TileLoad)}
+        if any(later.tensor.name in read for later in body[k + 1:]):
+            return None
+        if not _elementwise_reads_only(st.value, set(st.row_parts[st.value]), name):
+            return None
+        others = max((warpgroups.accumulators(p.dot) for b, p in fl.stmts.items()
+                      if p.dot is not None and b != s.block), default=0)
+        if fl.tiles + deferred_registers(st.dot) + others > budget:
+            return None
+        return Deferred(s.block, before[-1].block)
+    return None
+
+
+def deferred_registers(dot: DotPlan) -> int:
+    """Registers per thread a product issued one iteration late keeps across the iteration: its accumulators and
+    its A fragments (16-bit pairs: ``k / 16`` steps of four)."""
+    assert dot.a is not None
+    return warpgroups.accumulators(dot) + dot.a.staged.kp // 16 * 4
+
+
+def _reads(x: Expr, name: str) -> bool:
+    return any(isinstance(n, TileLoad) and n.tensor.name == name for n in walk_tile_expr(x))
+
+
+def _elementwise_reads_only(x: Expr, rows: set[Expr], name: str) -> bool:
+    """Whether ``x``, outside its product and its ``rows`` parts, reads no tensor but ``name``."""
+    if isinstance(x, Dot) or x in rows:
+        return True
+    if isinstance(x, TileLoad) and x.tensor.name != name:
+        return False
+    return all(_elementwise_reads_only(c, rows, name) for c in tile_children(x))
 
 
 def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:

@@ -68,6 +68,10 @@ class CodegenOptions:
     notes); off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
+    ``overlap_products``: there, the product whose ``a`` the loop computes (attention's P·V) is issued one
+    iteration late, right after the next iteration's first product, so that it runs during the statements between
+    them (the softmax), where its accumulators fit the registers and a third stage of tiles fits shared memory
+    (:class:`~polyfuse.emit_cpp.fragments.Deferred`); off: each product waited for where it is issued.
     ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
     reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
     (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
@@ -112,6 +116,7 @@ class CodegenOptions:
     warpgroup_products: bool = True
     warpgroup_width: int = 128
     producer_warp: bool = True
+    overlap_products: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64
     fold_combine: bool = True

@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fold as fold_
 from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
-from polyfuse.emit_cpp.fragments import BARRIER_BYTES
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
     walk_unmaterialized, worth_hoisting,
@@ -210,10 +209,17 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
     split = presplit.plan(gpu.nests, frame_of)
     kernels: list[KernelPlan] = []
     at_top = dataclasses.replace(options, prefetch=False)
+    in_turn = dataclasses.replace(options, overlap_products=False)
     for k, nest in enumerate(gpu.nests):
         frame = dataclasses.replace(frame_of(nest), presplit=split)
         if not nest.combines:
             plan = _plan_kernel(nest, f"{entry}_k{k}", frame, device)
+            if plan.peak > device.shared_per_block and any(lp.fragments is not None and lp.fragments.deferred
+                                                           for lp in plan.loops.values()):
+                # A product issued one iteration late keeps a third stage of operand tiles: not where they do not
+                # fit (the products then issued in turn).
+                plan = _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, in_turn),
+                                                                               presplit=split), device)
             if plan.peak > device.shared_per_block and options.prefetch:
                 # Loops in warp fragments copying each iteration's tiles at its top: one buffer per tile, not two
                 # (and no producer warpgroup: the threads planned again).  MLA decode's key and value tiles where
@@ -501,7 +507,7 @@ class _Planner:
             for name, nbytes in plan.buffers:
                 offsets[name] = self.take(nbytes, align)
             if plan.barriers is not None:
-                offsets[plan.barriers] = self.take(BARRIER_BYTES)
+                offsets[plan.barriers] = self.take(plan.barrier_bytes)
             self.scratch = mark
             if plan.warpgroups or not swizzle:
                 break

@@ -267,6 +267,18 @@ PF_DEV void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\
 PF_DEV void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 PF_DEV void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> PF_DEV void wgmma_wait() { asm volatile("wgmma.wait_group.sync.aligned %0;\n" :: "n"(N) : "memory"); }
+// A wgmma reads its A-fragment registers and writes its accumulators after it is issued, until the wait that retires
+// it; the compiler sees neither.  Holding them after that wait (an empty asm that reads and writes each) keeps
+// their values where they are until then: no later write of the A fragments (the next iteration's P) and no read of
+// the accumulators is moved above the wait.  Needed where other code runs between a wgmma and its wait.
+template <int N> PF_DEV void wgmma_hold(uint32_t (&a)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+r"(a[i][0]), "+r"(a[i][1]), "+r"(a[i][2]), "+r"(a[i][3]) :: "memory");
+}
+template <int N> PF_DEV void wgmma_hold(float (&d)[N][4]) {
+    #pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i][0]), "+f"(d[i][1]), "+f"(d[i][2]), "+f"(d[i][3]) :: "memory");
+}
 // d (+)= a * b over k16 for a warpgroup: a 64x16 (K-major, descriptor da), b 64x16 (K-major: the n rows of
 // b^T, descriptor db), f32 accumulators; accumulate = false starts from zero.  Register 4i+q of thread t
 // (warp w = t / 32, lane l) holds row 16w + l/4 + 8(q/2), column 8i + 2(l%4) + q%2.

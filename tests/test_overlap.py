@@ -1,0 +1,113 @@
+"""A product issued one iteration late (:class:`~polyfuse.emit_cpp.fragments.Deferred`): attention prefill's P·V
+of iteration ``j − 1`` issued right after ``j``'s Q·Kᵀ, so the tensor cores multiply during ``j``'s softmax.
+
+The plan decides where it applies (a producer warpgroup, the accumulators and A fragments fitting the registers,
+a third stage of tiles fitting shared memory, the statement reading only its own tensor, its product and row
+values); the source carries the product across the iteration and its statement to the end of the next one.  The
+GPU test (tests/test_gpu.py) runs it against the products issued in turn, bit for bit, and NumPy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+
+import pytest
+
+from polyfuse import ops
+from polyfuse.device import PRESETS
+from polyfuse.emit_cpp import CUDA, Target
+from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.ops.schedules import default_schedule
+from polyfuse.pipeline import stages
+from polyfuse.runtime.compiler import CompileOptions
+from polyfuse.runtime.gpu_compiler import compile_gpu
+
+LATE = "issued one iteration late"
+HOPPER = PRESETS["sm_90a"]
+
+
+def _stages(name: str, target: Target = CUDA, device=HOPPER, **sizes: int):
+    op = ops.get(name)
+    sizes = {**op.presets["prefill"], **sizes}
+    sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=device)
+    return stages(sch, dataclasses.replace(target, device=device))
+
+
+@pytest.mark.parametrize("name", ["attn_global", "attn_norm_inside"])
+def test_heads_64_wide_issue_pv_one_iteration_late_with_three_stages(name):
+    # d = 64: P·V's 64 x 64 accumulators (32 registers) and P's A fragments (32) fit beside the tiles: the plan
+    # says so, the producer copies into three stages, and P·V is issued after the next Q·Kᵀ's commit with the
+    # wait for Q·Kᵀ alone (wgmma_wait<1>), its statement at the end of the iteration and after the loop.
+    st = _stages(name)
+    plan, text = st.dump("plan"), st.source.text
+    assert LATE in plan and "into 3 stages" in plan
+    assert "pf::wgmma_wait<1>();" in text
+    assert re.search(r"pf::mbarrier_wait\(&pf_bar\d+\[3 \+ \(j_0 % 3\)\], \(\(j_0 / 3\) & 1\) \^ 1\);", text)
+    assert "const int pf_prev = (32) - 1;" in text  # the last iteration's product, after the loop
+    # the product of the previous iteration reads the value tile of its stage
+    assert re.search(r"_rs<1, 0>\(pf_late_fc\d+, pf_late_fa\d+\[pf_ks\], pf::wgmma_desc_k128\(\(pf_fb\d+ \+ "
+                     r"\(pf_prev % 3\) \* \d+\)", text)
+
+
+def test_every_iteration_computes_the_whole_score_tile():
+    # The first iteration printed on its own and the loop's later ones each compute every statement over the same
+    # columns as the loop with its products in turn (issuing P·V inside Q·Kᵀ's statement keeps Q·Kᵀ's 128 columns:
+    # a P·V of 64 columns must not leak its sizes into the score's epilogue).
+    late = _stages("attn_global").source.text
+    in_turn = _stages("attn_global", CUDA.with_options(overlap_products=False)).source.text
+    assert in_turn.count("pf_nb < 16;") > 0
+    assert late.count("pf_nb < 16;") == 2 * in_turn.count("pf_nb < 16;")
+
+
+def test_heads_128_wide_keep_the_products_in_turn():
+    # d = 128: 64 accumulators + 32 A fragments more per thread would spill (ptxas: 32-340 bytes at 240
+    # registers on the catalog's d128 kernels): two stages, each product waited for where it is issued.
+    for name in ("attn_causal", "attn_gqa", "attn_softcap"):
+        st = _stages(name)
+        assert LATE not in st.dump("plan") and "into 2 stages" in st.dump("plan"), name
+        assert "pf::wgmma_wait<1>" not in st.source.text
+
+
+def test_off_by_option_and_where_a_third_stage_does_not_fit_shared_memory():
+    st = _stages("attn_global", CUDA.with_options(overlap_products=False))
+    assert LATE not in st.dump("plan") and "into 2 stages" in st.dump("plan")
+    # Q (16 KB) + two stages of K and V (64 KB) fit 100 KB, three (96 KB) do not: planned with the products in turn.
+    small = dataclasses.replace(HOPPER, shared_per_block=100_000, shared_per_sm=101_024)
+    st = _stages("attn_global", device=small)
+    assert LATE not in st.dump("plan") and "into 2 stages" in st.dump("plan")
+
+
+def test_not_where_the_product_is_a_statement_of_its_own():
+    # A ragged key length keeps P·V as a tile of its own (pv_rf, per iteration) that pv then reads: the product's
+    # statement is not the one that folds it, so nothing is deferred.
+    st = _stages("attn_global", Sq=130, Skv=190, Hq=2, Hkv=2)
+    assert "in warp fragments" in st.dump("plan") and LATE not in st.dump("plan")
+
+
+def test_host_and_sm_80_sources_do_not_change():
+    # Only the producer-warpgroup loop (sm_90a) defers: sm_80's source is the same with the option on or off.
+    sm80 = PRESETS["sm_80"]
+    on = _stages("attn_global", device=sm80).source.text
+    off = _stages("attn_global", CUDA.with_options(overlap_products=False), device=sm80).source.text
+    strip = re.compile(r"overlap_products=o(n|ff) ")
+    assert strip.sub("", on) == strip.sub("", off)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("attn_global", {}), ("attn_causal", {"Hq": 16, "Hkv": 16, "D": 64, "Dv": 64}),
+    ("attn_window", {"D": 64, "Dv": 64}), ("attn_softcap", {"D": 64, "Dv": 64})])
+def test_sources_with_a_late_product_compile_for_sm_90a(name, sizes):
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    st = _stages(name, **sizes)
+    assert LATE in st.dump("plan"), name
+    compile_gpu(st.source.text, f"late_{name}", "cuda", "sm_90a", options=CompileOptions(werror=True),
+                compile_only=True)
+
+
+def test_option_is_printed_in_the_source():
+    assert "overlap_products=on" in _stages("attn_global").source.text
+    assert CodegenOptions().overlap_products
