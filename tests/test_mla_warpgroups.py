@@ -102,6 +102,10 @@ def test_without_shared_tiles_the_values_are_copied_and_the_loop_copies_at_the_t
     assert "read from the panels" not in plan
     assert "operands copied at the top of each iteration" in plan
     assert "shared memory: 180224 bytes" in plan
+    # the plan and the source say so (the source's options line is the program's, prefetch=on)
+    assert re.search(r"planned with prefetch=off \(operand tiles copied a stage ahead would take \d+ bytes", plan)
+    source = stages(sch, CUDA.with_options(share_tiles=False)).source.text
+    assert re.search(r"// polyfuse_attn_mla_decode_k\d: planned with prefetch=off", source)
 
 
 @pytest.mark.nvcc

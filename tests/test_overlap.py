@@ -77,6 +77,9 @@ def test_off_by_option_and_where_a_third_stage_does_not_fit_shared_memory():
     small = dataclasses.replace(HOPPER, shared_per_block=100_000, shared_per_sm=101_024)
     st = _stages("attn_global", device=small)
     assert LATE not in st.dump("plan") and "into 2 stages" in st.dump("plan")
+    assert re.search(r"planned with overlap_products=off \(three stages .* would take \d+ bytes", st.dump("plan"))
+    assert "// polyfuse_attn_global_k0: planned with overlap_products=off" in st.source.text
+    assert "planned with" not in _stages("attn_global").source.text
 
 
 def test_not_where_the_product_is_a_statement_of_its_own():

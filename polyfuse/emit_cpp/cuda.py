@@ -517,6 +517,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.scratch, self.peak = 0, 0
         self.threads = plan.threads
         comment = f"  // {plan.peak} bytes of shared memory, {plan.threads} threads" if nest.kind != MAP else ""
+        if plan.replanned:
+            self.line(f"// {name}: planned with {plan.replanned}")
         self.line(f"{self.kernel_qualifiers(plan.threads, plan.min_blocks)} {name}({self.parameters()}){comment}")
         self.line("{")
         self.depth += 1

@@ -138,10 +138,14 @@ class KernelPlan:
     fold`); ``folded`` is that combine's plan (for this kernel's threads, its shared memory from byte 0)."""
     folded: KernelPlan | None = None
     unfolded: str = ""
+    """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
     not_ahead: str = ""
     """Where its loops copy their tiles when each iteration needs them although the options' ``stream_ahead``
     is on: why (:func:`_why_not_ahead`)."""
-    """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
+    replanned: str = ""
+    """Where it was planned with an option of the program's turned off (its shared memory would not fit a block
+    otherwise): which, and why; printed in the plan and above the kernel in its source, whose options line is the
+    program's."""
 
     def describe(self) -> str:
         return "\n".join(_describe_kernel(self))
@@ -218,14 +222,21 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                                                            for lp in plan.loops.values()):
                 # A product issued one iteration late keeps a third stage of operand tiles: not where they do not
                 # fit (the products then issued in turn).
-                plan = _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, in_turn),
-                                                                               presplit=split), device)
+                plan = dataclasses.replace(
+                    _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, in_turn), presplit=split),
+                                 device),
+                    replanned=f"overlap_products=off (three stages of operand tiles, for a product overlapping "
+                              f"the next iteration, would take {plan.peak} bytes of shared memory)")
             if plan.peak > device.shared_per_block and options.prefetch:
                 # Loops in warp fragments copying each iteration's tiles at its top: one buffer per tile, not two
                 # (and no producer warpgroup: the threads planned again).  MLA decode's key and value tiles where
                 # the values are not panels of the keys (share_tiles off).
-                plan = _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, at_top), presplit=split),
-                                    device)
+                peak = plan.peak
+                plan = dataclasses.replace(
+                    _plan_kernel(nest, f"{entry}_k{k}", dataclasses.replace(frame_of(nest, at_top), presplit=split),
+                                 device),
+                    replanned=f"prefetch=off (operand tiles copied a stage ahead would take {peak} bytes of shared "
+                              f"memory; each iteration's are copied at its top, with no producer warpgroup)")
             kernels.append(_refuse_oversized(plan, device))
             continue
         partial = kernels[-1]
@@ -740,6 +751,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
         lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
     if k.not_ahead:
         lines.append(f"  tiles copied when each iteration needs them, not ahead: {k.not_ahead}")
+    if k.replanned:
+        lines.append(f"  planned with {k.replanned}")
     if isinstance(k.rows, onchip.RowsOnChip):
         lines += [f"  {t}" for t in k.rows.describe()]
     else:
