@@ -158,7 +158,6 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
         consume()
         em.line(f"pf::mbarrier_arrive(&{bars}[{stages} + ({_stage_of(fl, f'({var} - 1)')})]);  // (read until now)")
         em.close()
-    if late is not None:
         # The last iteration's late product and its statement.
         em.open(f"if ({extent} > 0)")
         em.line(f"const {em.widths.loop} pf_prev = {extent} - 1;")
@@ -255,10 +254,7 @@ class _Late:
         em.line(f"// {self.stmt.block}: this iteration's A fragments and row values, for the next one")
         for name, kept in zip(self.rows, self.carried, strict=True):
             em.line(f"{kept}[0] = {name}[0]; {kept}[1] = {name}[1];")
-        em.line("#pragma unroll")
-        em.open(f"for (int pf_ks = 0; pf_ks < {st.dot.a.staged.kp // 16}; ++pf_ks)")
-        _register_a(em, fl, st, e, env, f"{self.fragments}[pf_ks]", None)
-        em.close()
+        _register_a_steps(em, fl, st, e, env, self.fragments)
 
     def fold(self, em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], var: str) -> None:
         """The statement of the iteration ``pf_prev`` names from the product's accumulators (waited for) and
@@ -775,6 +771,17 @@ def _register_a(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env
             em.line(f"{fa_lo}[{r}] = pf::pack_{low}({rest[0]}, {rest[1]});")
 
 
+def _register_a_steps(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
+                      fragments: str) -> None:
+    """Every k step's A fragment of a warpgroup product whose ``a`` is computed from registers, into
+    ``fragments[steps][4]`` (all of them before the product: a wgmma reads its register operands asynchronously)."""
+    assert st.dot is not None and st.dot.a is not None
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_ks = 0; pf_ks < {st.dot.a.staged.kp // 16}; ++pf_ks)")
+    _register_a(em, fl, st, e, env, f"{fragments}[pf_ks]", None)
+    em.close()
+
+
 def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
                        acc: str, sa: str | None, sb: str, then: Callable[[str], None] | None = None) -> None:
     """The statement's product as warpgroup products into ``acc``: warpgroup ``pf_warp / 4`` multiplies its 64
@@ -793,10 +800,7 @@ def _warpgroup_product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: D
     steps = a.kp // 16
     if sa is None:
         em.line(f"uint32_t pf_fa[{steps}][4];  // every k step's A fragment, before the fence")
-        em.line("#pragma unroll")
-        em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
-        _register_a(em, fl, st, e, env, "pf_fa[pf_ks]", None)
-        em.close()
+        _register_a_steps(em, fl, st, e, env, "pf_fa")
     if not plan.fold:
         _warpgroup_issue(em, st, acc, sa, sb, range(b.rows_pad // plan.width), then=then)
 

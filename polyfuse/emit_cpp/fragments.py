@@ -83,8 +83,8 @@ from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tile_children, walk_tile_expr,
-    walk_tile_stmts,
+    Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tensors_read, tile_children,
+    walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
 from polyfuse.tiling.parallel import allocated_at
@@ -694,7 +694,7 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                 for st in stmts.values() if st.dot is not None for op in (st.dot.a, st.dot.b) if op is not None)
     prefetch = frame.options.prefetch and bool(buffers) and not every
     if prefetch:
-        buffers = [(name, 2 * nbytes) for name, nbytes in buffers]
+        buffers = [(name, STAGES * nbytes) for name, nbytes in buffers]
     result = FragmentLoop(shape.rows, held, stmts, tuple(buffers), frame.options.reduce_chains, after, prefetch,
                           shared, reciprocals=reciprocals)
     if _producer(frame, loop, shape):
@@ -723,8 +723,8 @@ def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budge
     tensor read by no other statement and nothing it reads written after it, and its value reading, besides its
     product and its own tensor, only parts computed once per row (carried to the next iteration); and where the
     accumulators and A fragments it keeps across the iteration fit ``budget`` registers beside the loop's tiles and
-    the other products' accumulators (:func:`deferred_registers`; ptxas spilled 32-340 bytes on the catalog's
-    128-wide heads with 128-key tiles, which this refuses, and none with 64-key tiles, which it takes)."""
+    the other products' accumulators (:func:`deferred_registers`: the estimate refuses the 128-wide heads with
+    128-key tiles, where ptxas spilled, benchmarks/results/2026-11-28_H200_0bc1944_overlap)."""
     if not (frame.options.overlap_products and fl.producer):
         return None
     for k, s in enumerate(body):
@@ -741,7 +741,7 @@ def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budge
         name = s.tensor.name
         if next(h for h in fl.held if h.name == name).per_iteration:
             return None
-        if any(_reads(x, name) for other in body if other is not s for x in store_exprs(other)):
+        if any(name in tensors_read(other) for other in body if other is not s):
             return None
         read = {n.tensor.name for n in walk_tile_expr(st.value) if isinstance(n, TileLoad)}
         if any(later.tensor.name in read for later in body[k + 1:]):
@@ -761,10 +761,6 @@ def deferred_registers(dot: DotPlan) -> int:
     its A fragments (16-bit pairs: ``k / 16`` steps of four)."""
     assert dot.a is not None
     return warpgroups.accumulators(dot) + dot.a.staged.kp // 16 * 4
-
-
-def _reads(x: Expr, name: str) -> bool:
-    return any(isinstance(n, TileLoad) and n.tensor.name == name for n in walk_tile_expr(x))
 
 
 def _elementwise_reads_only(x: Expr, rows: set[Expr], name: str) -> bool:

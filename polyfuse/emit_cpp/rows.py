@@ -43,7 +43,9 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, COMPUTE_TYPES, STORAGE_TYPES, axis_var, reduce_lanes
 from polyfuse.emit_cpp.dotplan import Frame
 from polyfuse.ir.stmt import Stmt
-from polyfuse.tiling.htile import Dot, Reduce, Slice, TileLoad, TileStore, axes_of, axis_sizes, walk_tile_expr
+from polyfuse.tiling.htile import (
+    Dot, Reduce, Slice, TileLoad, TileStore, axes_of, axis_sizes, tensors_read, walk_tile_expr,
+)
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -97,17 +99,11 @@ def _lanes(frame: Frame, rows: int) -> int | None:
     return lanes if rows * lanes * 4 >= frame.threads * 3 else None
 
 
-def _reads(s: TileStore) -> set[str]:
-    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
-    exprs += [i.start if isinstance(i, Slice) else i for i in s.index]
-    return {n.tensor.name for x in exprs for n in walk_tile_expr(x) if isinstance(n, TileLoad)}
-
-
 def _independent(a: Stmt, b: Stmt) -> bool:
     if not (isinstance(a, TileStore) and isinstance(b, TileStore)):
         return False
     wa, wb = a.tensor.name, b.tensor.name
-    return wa != wb and wa not in _reads(b) and wb not in _reads(a)
+    return wa != wb and wa not in tensors_read(b) and wb not in tensors_read(a)
 
 
 def reorder(frame: Frame, stmts: list[Stmt]) -> list[Stmt]:

@@ -319,6 +319,13 @@ def walk_tile_stmts(s: Stmt):
             yield from walk_tile_stmts(c)
 
 
+def tensors_read(s: TileStore) -> set[str]:
+    """The tensors statement ``s`` reads: in its value, its mask and its index."""
+    exprs = [s.value] + ([s.mask] if s.mask is not None else [])
+    exprs += [i.start if isinstance(i, Slice) else i for i in s.index]
+    return {n.tensor.name for x in exprs for n in walk_tile_expr(x) if isinstance(n, TileLoad)}
+
+
 def depends_on(e: Expr, axis: str) -> bool:
     """Whether the value of ``e`` varies along tile axis ``axis``."""
     if isinstance(e, Iota):
