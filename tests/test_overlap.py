@@ -89,7 +89,7 @@ def test_not_where_the_product_is_a_statement_of_its_own():
     assert "in warp fragments" in st.dump("plan") and LATE not in st.dump("plan")
 
 
-def test_host_and_sm_80_sources_do_not_change():
+def test_sm_80_sources_do_not_change():
     # Only the producer-warpgroup loop (sm_90a) defers: sm_80's source is the same with the option on or off.
     sm80 = PRESETS["sm_80"]
     on = _stages("attn_global", device=sm80).source.text
