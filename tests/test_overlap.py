@@ -106,9 +106,40 @@ def test_sources_with_a_late_product_compile_for_sm_90a(name, sizes):
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc on PATH")
     st = _stages(name, **sizes)
-    assert LATE in st.dump("plan"), name
+    assert LATE in st.dump("plan") and TURNS in st.dump("plan"), name
     compile_gpu(st.source.text, f"late_{name}", "cuda", "sm_90a", options=CompileOptions(werror=True),
                 compile_only=True)
+
+
+TURNS = "issue their products in turns"
+
+
+def test_two_warpgroups_with_a_late_product_issue_in_turns():
+    # 128 query rows = two computing warpgroups: each waits for its turn before Q·Kᵀ (the first warpgroup's first
+    # turn is its own) and gives the other its turn once Q·Kᵀ and the late P·V are issued (the last warpgroup's
+    # last turn gives none): per barrier, waits and gifts pair up over any number of iterations.
+    st = _stages("attn_global")
+    plan, text = st.dump("plan"), st.source.text
+    assert "the 2 computing warpgroups " + TURNS in plan
+    kernel = text.split("setmaxnreg_inc", 1)[1]
+    waits = re.findall(r"(if \(pf_wg > 0\) )?pf::turn_wait\(1 \+ pf_wg, 256\);", kernel)
+    gives = re.findall(r"(if \(pf_wg < 1\) )?pf::turn_give\(1 \+ \(pf_wg \+ 1\) % 2, 256\);", kernel)
+    # first iteration, the loop's, after the loop
+    assert waits == ["if (pf_wg > 0) ", "", ""] and gives == ["", "", "if (pf_wg < 1) "]
+    # the turn covers the issue only: given before the wait for the products
+    loop = kernel.split("for (int j_0 = 1;", 1)[1]
+    assert loop.index("pf::turn_give") < loop.index("pf::wgmma_wait<1>();")
+    assert loop.index("pf::turn_wait") < loop.index("pf::wgmma_fence();")
+
+
+def test_no_turns_without_a_late_product_or_by_option():
+    for st in (_stages("attn_global", CUDA.with_options(warpgroup_turns=False)),
+               _stages("attn_global", CUDA.with_options(overlap_products=False)), _stages("attn_causal")):
+        assert TURNS not in st.dump("plan") and "pf::turn_" not in st.source.text
+    # one computing warpgroup (64 query rows: a late product, no one to take turns with)
+    one = _stages("attn_global", B=1, Hq=2, Hkv=2, Sq=128, Skv=128)
+    assert "4 warps of 16 whole rows" in one.dump("plan") and LATE in one.dump("plan")
+    assert TURNS not in one.dump("plan") and "pf::turn_" not in one.source.text
 
 
 def test_option_is_printed_in_the_source():

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
 from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body
-from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
+from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS, WARPGROUP_WARPS
 from polyfuse.emit_cpp.fragment_values import constant, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
@@ -135,12 +135,15 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
     _load_held(em, fl)
     late = _Late.declare(em, fl, body) if fl.deferred is not None else None
+    turns = _Turns(fl.turns) if fl.turns else None
+    if turns is not None:
+        em.line(f"const int pf_wg = pf_warp / {WARPGROUP_WARPS};")
 
     def consume(first: bool = False) -> None:
         em.line(f"pf::mbarrier_wait(&{bars}[{_stage_of(fl, var)}], {_phase(fl, var)});")
         em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
         arrays = _issue(em, fl, body, "read", var)
-        _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts}, late, var, first)
+        _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts}, late, var, first, turns)
 
     if late is None:
         em.open(em.loop_header(loop))
@@ -162,7 +165,11 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
         em.open(f"if ({extent} > 0)")
         em.line(f"const {em.widths.loop} pf_prev = {extent} - 1;")
         late.accumulators(em, fl, rows=False)
+        if turns is not None:
+            turns.wait(em)
         late.issue(em, fl, body, "pf_prev")
+        if turns is not None:
+            turns.give(em, last=True)
         em.line("pf::wgmma_wait<0>();")
         late.hold(em, fragments=False)
         late.fold(em, fl, held, var)
@@ -179,6 +186,27 @@ def _stage_of(fl: FragmentLoop, var: str) -> str:
 def _phase(fl: FragmentLoop, var: str) -> str:
     """C text of the parity of the phase its stage completes at the iteration ``var`` names."""
     return f"({var} >> 1) & 1" if fl.stages == 2 else f"({var} / {fl.stages}) & 1"
+
+
+@dataclass(frozen=True)
+class _Turns:
+    """The computing warpgroups issuing their products in turns (:attr:`FragmentLoop.turns`): warpgroup ``w``
+    (``pf_wg``) waits at named barrier ``1 + w`` until warpgroup ``w − 1`` has issued its, and gives warpgroup
+    ``w + 1`` its turn there once its own are issued.  Every warpgroup takes as many turns; the first warpgroup's
+    first turn is its own and the last one gives no turn after its last, so every barrier's waits and gifts pair
+    up: 256 threads each, the waiting warpgroup and the giving one."""
+
+    count: int
+
+    def wait(self, em: CudaEmitter, first: bool = False) -> None:
+        """Wait for the warpgroup's turn (``first``: the first warpgroup's first turn is its own)."""
+        em.line(f"{'if (pf_wg > 0) ' if first else ''}pf::turn_wait(1 + pf_wg, {2 * WARPGROUP_WARPS * em.warp});"
+                "  // (this warpgroup's turn to issue)")
+
+    def give(self, em: CudaEmitter, last: bool = False) -> None:
+        """Give the next warpgroup its turn (``last``: the last warpgroup's last gives none)."""
+        em.line(f"{f'if (pf_wg < {self.count - 1}) ' if last else ''}pf::turn_give(1 + (pf_wg + 1) % {self.count}, "
+                f"{2 * WARPGROUP_WARPS * em.warp});")
 
 
 @dataclass(frozen=True)
@@ -288,11 +316,11 @@ def _load_held(em: CudaEmitter, fl: FragmentLoop) -> None:
 
 def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], held: Mapping[str, Held],
                arrays: Mapping[tuple[str, str], str], waits: Mapping[str, int | None], late: _Late | None = None,
-               var: str = "", first: bool = False) -> None:
+               var: str = "", first: bool = False, turns: _Turns | None = None) -> None:
     """One iteration's statements on the registers (``arrays``: the operands in shared memory).  With a product
     issued one iteration late (``late``; ``var`` the loop variable): the previous iteration's (unless ``first``)
     issued after the product it follows and its statement at the end, then this iteration's A fragments and row
-    values kept for the next."""
+    values kept for the next; with ``turns``, the products of the iteration issued in the warpgroup's turn."""
     for h in fl.held:
         if h.per_iteration:
             em.line(h.declaration())
@@ -307,8 +335,15 @@ def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], h
         em.line(prev)
         late.issue(em, fl, body, "pf_prev")
         em.close()
+        if turns is not None:
+            turns.give(em)
         em.line("pf::wgmma_wait<1>();  // (this iteration's product; the late one stays in flight)")
         em.line(f"pf::wgmma_hold({acc});")
+
+    def give_first(acc: str) -> None:
+        assert turns is not None
+        turns.give(em)
+        em.line("pf::wgmma_wait<0>();")
 
     shared: list[Expr] = []
     try:
@@ -320,8 +355,11 @@ def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], h
             if late is not None and s is late.stmt:
                 _at(em, held, s, lambda env: late.rows_here(em, fl, env))
                 continue
-            after = earlier and fl.deferred is not None and s.block == fl.deferred.after
-            _statement(em, fl, held, s, arrays, waits.get(s.block), then=issue_late if after else None)
+            after = late is not None and fl.deferred is not None and s.block == fl.deferred.after
+            if after and turns is not None:
+                turns.wait(em, first=first)
+            then = (issue_late if earlier else give_first if turns is not None else None) if after else None
+            _statement(em, fl, held, s, arrays, waits.get(s.block), then=then)
         if late is not None and earlier:
             em.open("")
             em.line(prev)

@@ -230,6 +230,9 @@ class FragmentLoop:
     row where that is proven within the tolerance, else divided (:mod:`~polyfuse.emit_cpp.reciprocal`)."""
     deferred: Deferred | None = None
     """With a producer warpgroup: the product issued one iteration late (:class:`Deferred`)."""
+    turns: int = 0
+    """With a product issued late: the computing warpgroups that issue their products in turns (the options'
+    ``warpgroup_turns``; 0: none), warpgroup ``w`` at named barrier ``1 + w`` after warpgroup ``w − 1``."""
 
     @property
     def stages(self) -> int:
@@ -307,6 +310,9 @@ class FragmentLoop:
             lines.append(f"{self.deferred.block}'s product issued one iteration late, after {self.deferred.after}'s: "
                          f"it runs during the statements between them, its statement at the end of the next "
                          f"iteration (and the last after the loop)")
+        if self.turns:
+            lines.append(f"the {self.turns} computing warpgroups issue their products in turns (named barriers "
+                         f"1..{self.turns})")
         if self.epilogue:
             lines.append("after the loop, from registers: " + ", ".join(e.block for e in self.epilogue))
         return lines
@@ -712,8 +718,11 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
     deferred = _deferred(frame, body, result, budget)
     if deferred is None:
         return result
+    warpgroups_computing = shape.rows // WARPGROUP_ROWS
     return dataclasses.replace(result, deferred=deferred,
-                               buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers))
+                               buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers),
+                               turns=warpgroups_computing if frame.options.warpgroup_turns and warpgroups_computing > 1
+                               else 0)
 
 
 def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int) -> Deferred | None:

@@ -72,6 +72,10 @@ class CodegenOptions:
     iteration late, right after the next iteration's first product, so that it runs during the statements between
     them (the softmax), where its accumulators fit the registers and a third stage of tiles fits shared memory
     (:class:`~polyfuse.emit_cpp.fragments.Deferred`); off: each product waited for where it is issued.
+    ``warpgroup_turns``: there, with two or more computing warpgroups, each issues its products (this iteration's
+    first and the previous one's late product) only in its turn, after the warpgroup before it, at named barriers
+    (FlashAttention-3's scheduler barrier): one warpgroup's softmax then runs while the other's products occupy
+    the tensor cores, instead of both competing for them at once.
     ``rows_on_chip``: a block kernel whose body works on one row keeps the row in registers, loaded once, its
     reductions from registers, at most ``row_registers`` 32-bit registers per thread for the row tiles
     (the tiles over the budget in shared memory, one block per SM: :mod:`~polyfuse.emit_cpp.onchip`); the
@@ -117,6 +121,7 @@ class CodegenOptions:
     warpgroup_width: int = 128
     producer_warp: bool = True
     overlap_products: bool = True
+    warpgroup_turns: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64
     fold_combine: bool = True

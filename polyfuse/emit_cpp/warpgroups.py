@@ -21,9 +21,11 @@ from polyfuse.ir.simplify import simplify
 from polyfuse.symbolic import to_sympy
 from polyfuse.tiling.htile import Slice
 
-WARPGROUP_ROWS = 4 * M16N8.rows
+WARPGROUP_WARPS = 4
+"""Warps of a warpgroup (the unit a ``wgmma`` and ``setmaxnreg`` take)."""
+WARPGROUP_ROWS = WARPGROUP_WARPS * M16N8.rows
 """Rows of a warpgroup product (``wgmma.m64nNk16``): its four warps' strips."""
-PRODUCER_WARPS = 4
+PRODUCER_WARPS = WARPGROUP_WARPS
 """The producer is a warpgroup: ``setmaxnreg`` gives registers back per warpgroup."""
 PRODUCER_REGISTERS = 24
 """Registers a producer thread keeps (``setmaxnreg.dec``): addresses and counters of its copies."""

@@ -306,6 +306,10 @@ PF_DEV void cp_async_arrive(uint64_t* bar) {
 // (the consumers that hold accumulators); every warp of the warpgroup executes it.
 template <int N> PF_DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
 template <int N> PF_DEV void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
+// Warpgroups taking turns (named barriers 1.., ``threads`` = the waiting warpgroup and the one that gives it its
+// turn): wait until the previous warpgroup has issued its products, and give the next one its turn.
+PF_DEV void turn_wait(int id, int threads) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory"); }
+PF_DEV void turn_give(int id, int threads) { asm volatile("bar.arrive %0, %1;\n" :: "r"(id), "r"(threads) : "memory"); }
 PF_DEV void mbarrier_wait(uint64_t* bar, int parity) {
     asm volatile("{\n.reg .pred done;\nwait:\n"
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
