@@ -161,13 +161,17 @@ def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tunin
 
 @pytest.mark.parametrize(("name", "sizes"), [
     ("attn_global", {"Sq": 256, "Skv": 384, "D": 64, "Dv": 64}),
-    ("attn_global", {"Sq": 128, "Skv": 128, "D": 64, "Dv": 64}),
-    ("attn_norm_inside", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64}),
+    ("attn_global", {"Sq": 128, "Skv": 384, "D": 64, "Dv": 64}),
+    ("attn_norm_inside", {"Sq": 256, "Skv": 384, "D": 64, "Dv": 64}),
     ("attn_causal", {"Sq": 384, "Skv": 384, "D": 64, "Dv": 64}),
     ("attn_window", {"Sq": 384, "Skv": 384, "D": 64, "Dv": 64, "W": 150}),
-    ("attn_alibi", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64}),
-    ("attn_softcap", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64}),
-    ("attn_gqa", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64})])
+    ("attn_alibi", {"Sq": 384, "Skv": 384, "D": 64, "Dv": 64}),
+    ("attn_softcap", {"Sq": 384, "Skv": 384, "D": 64, "Dv": 64}),
+    ("attn_gqa", {"Sq": 384, "Skv": 384, "D": 64, "Dv": 64}),
+    ("attn_causal", {"Sq": 512, "Skv": 512, "D": 128, "Dv": 128}),
+    ("attn_window", {"Sq": 512, "Skv": 512, "D": 128, "Dv": 128, "W": 200}),
+    ("attn_alibi", {"Sq": 256, "Skv": 384, "D": 128, "Dv": 128}),
+    ("attn_gqa", {"Sq": 384, "Skv": 384, "D": 128, "Dv": 128})])
 def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
     # P·V issued one iteration late (during the next iteration's softmax, three stages of tiles) multiplies and
     # folds the same values in the same order as P·V waited for where it is issued: the same bits, on every
@@ -177,7 +181,11 @@ def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
     if not late.kernel_source.target.device.wgmma:
         pytest.skip(f"wgmma needs sm_90a; the device is {late.kernel_source.target.arch}")
     # The warpgroups issuing in turns (the default with two of them) only order the issues: the same bits again.
-    _, _, in_turn = _kernel(name, "prefill", codegen=CodegenOptions(overlap_products=False), **sizes)
+    # Compared with the products in turn accumulated as the late one is (into O's registers at 128-wide heads,
+    # apart at 64-wide ones): the order of the f32 additions is then the same.
+    into = "pv's product accumulates into its registers" in late.kernel_source.text
+    _, _, in_turn = _kernel(name, "prefill", codegen=CodegenOptions(overlap_products=False, accumulate_products=into),
+                            **sizes)
     _, _, free = _kernel(name, "prefill", codegen=CodegenOptions(warpgroup_turns=False), **sizes)
     assert "issued one iteration late" in late.kernel_source.text
     assert "issued one iteration late" not in in_turn.kernel_source.text
@@ -192,6 +200,40 @@ def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
                 assert np.array_equal(np.asarray(c[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
             result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
             assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+
+
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("attn_causal", {"Sq": 256, "Skv": 256, "D": 128, "Dv": 128}),
+    ("attn_window", {"Sq": 256, "Skv": 256, "D": 128, "Dv": 128, "W": 24}),
+    ("attn_alibi", {"Sq": 256, "Skv": 384, "D": 128, "Dv": 128}),
+    ("attn_softcap", {"Sq": 256, "Skv": 256, "D": 128, "Dv": 128}),
+    ("attn_gqa", {"Sq": 128, "Skv": 128, "D": 128, "Dv": 128}),
+    ("attn_window", {"Sq": 512, "Skv": 512, "D": 128, "Dv": 128, "W": 24}),
+    ("attn_global", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64}),
+    ("attn_norm_inside", {"Sq": 256, "Skv": 256, "D": 64, "Dv": 64})])
+def test_products_accumulated_into_their_registers_match_numpy(name, sizes):
+    # P·V accumulated straight into O's registers (rescaled first; the -inf guard on P, V declared finite) against
+    # P·V into accumulators of its own added to O: both NumPy within the tolerance on every input variant and
+    # magnitude (the order of the f32 additions differs, so not the same bits), and against each other; in turn
+    # (loops of at most two tiles) and issued late (the larger ones).  The window of 24 keys leaves rows whose
+    # first key tiles are all masked: the guard is taken.
+    op, sizes, into = _kernel(name, "prefill", **sizes)
+    if not into.kernel_source.target.device.wgmma:
+        pytest.skip(f"wgmma needs sm_90a; the device is {into.kernel_source.target.arch}")
+    _, _, apart = _kernel(name, "prefill", codegen=CodegenOptions(accumulate_products=False), **sizes)
+    assert "pv's product accumulates into its registers" in into.kernel_source.text
+    assert "accumulates into" not in apart.kernel_source.text
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
+            inputs = op.inputs(9, "prefill", sizes, magnitude, variant)
+            a, b = into.run(inputs), apart.run(inputs)
+            reference = op.reference(inputs, "prefill", sizes)
+            for got, which in ((a, "into O"), (b, "apart")):
+                result = ops.compare(got, reference, tolerance)
+                assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+            result = ops.compare(a, b, tolerance)
+            assert result.ok, f"{variant} at {magnitude:g}: into O against apart {result.line()}"
 
 
 @pytest.mark.parametrize(("name", "sizes"), [

@@ -23,8 +23,11 @@ from polyfuse.ops.schedules import default_schedule
 from polyfuse.pipeline import stages
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
+from polyfuse.emit_cpp.fragment_values import accumulated
+from polyfuse.tiling.htile import TileStore, walk_tile_stmts
 
 LATE = "issued one iteration late"
+ACCUMULATES = "pv's product accumulates into pv's registers"
 HOPPER = PRESETS["sm_90a"]
 
 
@@ -61,13 +64,48 @@ def test_every_iteration_computes_the_whole_score_tile():
     assert late.count("pf_nb < 16;") == 2 * in_turn.count("pf_nb < 16;")
 
 
-def test_heads_128_wide_keep_the_products_in_turn():
-    # d = 128: 64 accumulators + 32 A fragments more per thread would spill (ptxas: 32-340 bytes at 240
-    # registers on the catalog's d128 kernels): two stages, each product waited for where it is issued.
+def test_heads_128_wide_accumulate_into_o_and_issue_pv_late():
+    # d = 128: P·V's own 64 accumulators + 32 A fragments more per thread would spill (ptxas: 32-340 bytes at 240
+    # registers on the catalog's d128 kernels); accumulated straight into O's registers (O rescaled at the end of
+    # the iteration before, the -inf guard on P) it keeps only its A fragments: issued late, three stages.
     for name in ("attn_causal", "attn_gqa", "attn_softcap"):
         st = _stages(name)
-        assert LATE not in st.dump("plan") and "into 2 stages" in st.dump("plan"), name
-        assert "pf::wgmma_wait<1>" not in st.source.text
+        plan, text = st.dump("plan"), st.source.text
+        assert LATE in plan and "into 3 stages" in plan and ACCUMULATES in plan, name
+        assert "pf::wgmma_wait<1>" in text and "pf_late_fc" not in text
+        assert re.search(r"_rs<1, 0>\(pf_fr_pv_\d+, pf_late_fa\d+\[pf_ks\], .*, true\);", text)
+        # with products accumulated from zero, it stays in turn (two stages)
+        apart = _stages(name, CUDA.with_options(accumulate_products=False))
+        assert LATE not in apart.dump("plan") and ACCUMULATES not in apart.dump("plan")
+        assert "into 2 stages" in apart.dump("plan")
+
+
+def test_heads_64_wide_keep_accumulators_of_their_own_where_late_fits():
+    # d = 64: the late product fits with accumulators of its own, whose one add after the wait measured faster
+    # than a rescaling pass before every issue: planned apart.
+    st = _stages("attn_global")
+    assert LATE in st.dump("plan") and ACCUMULATES not in st.dump("plan") and "pf_late_fc" in st.source.text
+
+
+def test_no_late_product_where_the_loop_runs_at_most_twice():
+    # 256 keys in 128-key tiles (and a causal loop of at most two tiles): nothing to overlap; the product
+    # accumulates into O in turn (ptxas serialised late ones there: C7511).
+    for name, sizes in (("attn_global", {"Sq": 256, "Skv": 256}), ("attn_causal", {"Sq": 256, "Skv": 256})):
+        st = _stages(name, B=1, Hq=2, Hkv=2, **sizes)
+        plan = st.dump("plan")
+        assert LATE not in plan and ACCUMULATES in plan, name
+        assert re.search(r"_rs<1, 0>\(pf_fr_pv_\d+, pf_fa\[pf_ks\], .*, true\);", st.source.text)
+    assert LATE in _stages("attn_global", B=1, Hq=2, Hkv=2, Sq=256, Skv=384).dump("plan")
+
+
+def test_accumulated_only_over_finite_inputs():
+    # O·h + select(m = -inf, 0, P·V) is P·V accumulated from O·h with the guard on P only where 0·v = 0: V's
+    # input declared finite.
+    st = _stages("attn_causal")
+    pv = next(s for s in walk_tile_stmts(st.gpu.program.body) if isinstance(s, TileStore) and s.block == "pv")
+    assert accumulated(pv, pv.value, "ax0", lambda name: True) is not None
+    assert accumulated(pv, pv.value, "ax0", lambda name: name != "v") is None
+    assert accumulated(pv, pv.value, "ax1", lambda name: True) is None  # (the guard is not a condition of ax1)
 
 
 def test_off_by_option_and_where_a_third_stage_does_not_fit_shared_memory():
@@ -134,10 +172,11 @@ def test_two_warpgroups_with_a_late_product_issue_in_turns():
 
 def test_no_turns_without_a_late_product_or_by_option():
     for st in (_stages("attn_global", CUDA.with_options(warpgroup_turns=False)),
-               _stages("attn_global", CUDA.with_options(overlap_products=False)), _stages("attn_causal")):
+               _stages("attn_global", CUDA.with_options(overlap_products=False)),
+               _stages("attn_causal", CUDA.with_options(accumulate_products=False))):
         assert TURNS not in st.dump("plan") and "pf::turn_" not in st.source.text
     # one computing warpgroup (64 query rows: a late product, no one to take turns with)
-    one = _stages("attn_global", B=1, Hq=2, Hkv=2, Sq=128, Skv=128)
+    one = _stages("attn_global", B=1, Hq=2, Hkv=2, Sq=128, Skv=384)
     assert "4 warps of 16 whole rows" in one.dump("plan") and LATE in one.dump("plan")
     assert TURNS not in one.dump("plan") and "pf::turn_" not in one.source.text
 

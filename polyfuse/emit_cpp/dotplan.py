@@ -84,6 +84,8 @@ class Frame:
     """The device's register file (:class:`~polyfuse.device.DeviceSpec`)."""
     ranges: Mapping[str, ValueRange] = dataclasses.field(default_factory=dict)
     """The range facts of the tile program's tensors by name (:attr:`~polyfuse.tiling.htile.TileProgram.ranges`)."""
+    grid: Mapping[str, int] = dataclasses.field(default_factory=dict)
+    """The extents of the kernel's grid loops that are constants, by variable: what bounds a loop inside them."""
 
     def at(self, sizes: Mapping[str, int]) -> Frame:
         return dataclasses.replace(self, sizes=dict(sizes))

@@ -213,13 +213,17 @@ class _Turns:
 class _Late:
     """The registers of a product issued one iteration late (:class:`~.fragments.Deferred`): its A fragments
     (``fragments``), its accumulators (``acc``, per iteration), and each row part of its statement's value as the
-    iteration computes it (``rows``) and as the next one reads it (``carried``)."""
+    iteration computes it (``rows``) and as the next one reads it (``carried``).  Where the statement
+    :attr:`~FragmentStmt.accumulates` (``into``), ``acc`` is the statement's own registers: each iteration writes
+    the product's start there at its end (after the previous product is retired), the next one issues the
+    product into them, and nothing is carried or folded."""
 
     stmt: TileStore
     fragments: str
     acc: str
     rows: tuple[str, ...]
     carried: tuple[str, ...]
+    into: bool = False
 
     @staticmethod
     def declare(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...]) -> _Late:
@@ -228,10 +232,13 @@ class _Late:
         s = next(x for x in body if x.block == fl.deferred.block)
         st = fl.stmts[s.block]
         assert st.dot is not None and st.dot.a is not None and st.value is not None
-        parts = st.row_parts[st.value]
-        late = _Late(s, em.fresh("late_fa"), em.fresh("late_fc"), tuple(em.fresh("late_row") for _ in parts),
-                     tuple(em.fresh("late_kept") for _ in parts))
+        parts = () if st.accumulates else st.row_parts[st.value]
+        acc = next(h.register for h in fl.held if h.name == s.tensor.name) if st.accumulates else em.fresh("late_fc")
+        late = _Late(s, em.fresh("late_fa"), acc, tuple(em.fresh("late_row") for _ in parts),
+                     tuple(em.fresh("late_kept") for _ in parts), st.accumulates)
         em.line(f"// {s.block}'s product issued one iteration late: its A fragments and row values kept until then")
+        if late.into:
+            em.line(f"// {s.block}'s product accumulates into its registers ({acc})")
         em.line(f"uint32_t {late.fragments}[{st.dot.a.staged.kp // 16}][4];")
         for name, x in zip(late.carried, parts, strict=True):
             em.line(f"{em.ctype(x.dtype)} {name}[2];")
@@ -241,10 +248,16 @@ class _Late:
         """Declare the product's accumulators (zero-based; ``product``) and (``rows``) the iteration's row values."""
         st = fl.stmts[self.stmt.block]
         assert st.dot is not None and st.dot.b is not None
-        if product:
+        if product and not self.into:
             em.line(f"float {self.acc}[{st.dot.b.staged.rows_pad // 8}][4] = {{}};")
-        for name, x in zip(self.rows, fl.stmts[self.stmt.block].row_parts[st.value], strict=True) if rows else ():
+        for name, x in zip(self.rows, self.parts(fl), strict=True) if rows else ():
             em.line(f"{em.ctype(x.dtype)} {name}[2];")
+
+    def parts(self, fl: FragmentLoop) -> tuple[Expr, ...]:
+        """The row parts of the statement's value that the next iteration reads (none where it accumulates)."""
+        st = fl.stmts[self.stmt.block]
+        assert st.value is not None
+        return () if self.into else st.row_parts[st.value]
 
     def hold(self, em: CudaEmitter, fragments: bool = True) -> None:
         """After the wait that retires the product: its accumulators (and A fragments) held there
@@ -267,10 +280,11 @@ class _Late:
     def rows_here(self, em: CudaEmitter, fl: FragmentLoop, env: dict[str, str]) -> None:
         """At the statement's own place: its row parts of this iteration, into ``rows``."""
         st = fl.stmts[self.stmt.block]
-        assert st.value is not None
+        if not self.rows:
+            return
         em.line(f"// {self.stmt.block}: its row values, for its statement at the end of the next iteration")
         _rows(em, st.row, fl.rows)
-        for name, x in zip(self.rows, st.row_parts[st.value], strict=True):
+        for name, x in zip(self.rows, self.parts(fl), strict=True):
             em.line(f"{name}[pf_h] = {em.scalar(x, env)};")
         em.close()
 
@@ -284,11 +298,22 @@ class _Late:
             em.line(f"{kept}[0] = {name}[0]; {kept}[1] = {name}[1];")
         _register_a_steps(em, fl, st, e, env, self.fragments)
 
+    def start(self, em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], env: dict[str, str]) -> None:
+        """Where the statement accumulates, at the end of the iteration (the previous product retired): this
+        iteration's start of the product, into the statement's registers, for the next iteration to issue into."""
+        st = fl.stmts[self.stmt.block]
+        assert st.elementwise is not None
+        em.line(f"// {self.stmt.block}: this iteration's start of its product, in its registers")
+        _elements(em, fl, held, self.stmt, st, st.elementwise, env)
+
     def fold(self, em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], var: str) -> None:
         """The statement of the iteration ``pf_prev`` names from the product's accumulators (waited for) and
-        its kept row values (its loop variable that iteration's)."""
+        its kept row values (its loop variable that iteration's); nothing where the product accumulated into the
+        statement's registers."""
         st = fl.stmts[self.stmt.block]
         assert st.value is not None
+        if self.into:
+            return
         em.line(f"// {self.stmt.block} of the previous iteration")
         em.open("")
         em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = pf_prev;")
@@ -362,12 +387,15 @@ def _iteration(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], h
             _statement(em, fl, held, s, arrays, waits.get(s.block), then=then)
         if late is not None and earlier:
             em.open("")
-            em.line(prev)
+            if not late.into:
+                em.line(prev)
             em.line("pf::wgmma_wait<0>();")
             late.hold(em)
             late.fold(em, fl, held, var)
             em.close()
         if late is not None:
+            if late.into:
+                _at(em, held, late.stmt, lambda env: late.start(em, fl, held, env))
             _at(em, held, late.stmt, lambda env: late.keep(em, fl, env))
     finally:
         for node in shared:
@@ -601,6 +629,12 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             override(r, f"{name}[pf_h]")
         if st.dot is None:
             _all_elements(em, fl, held, s, st, value_expr, env)
+        elif st.accumulates:
+            # The product's start into the statement's registers, then the product accumulating into them.
+            assert isinstance(value_expr, Dot) and st.elementwise is not None
+            em.line(f"// {s.block}'s product accumulates into its registers, its start written there first")
+            _elements(em, fl, held, s, st, st.elementwise, env)
+            _product(em, fl, st, value_expr, env, arrays, wait, then, into=held[s.tensor.name].register)
         else:
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = accumulators or _product(em, fl, st, e, env, arrays, wait, then)
@@ -718,16 +752,21 @@ def _load_overrides(em: CudaEmitter, held: Mapping[str, Held], exprs: list[Expr]
 
 
 def _product(em: CudaEmitter, fl: FragmentLoop, st: FragmentStmt, e: Dot, env: dict[str, str],
-             arrays: Mapping[tuple[str, str], str], wait: int | None, then: Callable[[str], None] | None = None) -> str:
-    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``); returns the name.
-    ``then``: a warpgroup product's, printed after its commit instead of the wait (:func:`_warpgroup_issue`)."""
+             arrays: Mapping[tuple[str, str], str], wait: int | None, then: Callable[[str], None] | None = None,
+             into: str | None = None) -> str:
+    """The accumulators of the statement's product (zero-based, ``float name[ntiles][4]``; ``into``: the
+    statement's registers, where it :attr:`~FragmentStmt.accumulates`); returns the name.  ``then``: a warpgroup
+    product's, printed after its commit instead of the wait (:func:`_warpgroup_issue`)."""
     plan = st.dot
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     low = LOW[plan.low.name]
     a, b = plan.a.staged, plan.b.staged
     ntiles = (plan.width if plan.fold else b.rows_pad) // 8
-    acc = em.fresh("fc")
-    em.line(f"float {acc}[{ntiles}][4]{'' if plan.fold else ' = {}'};")
+    if into is not None:  # (the statement's registers, which hold the product's start)
+        acc = into
+    else:
+        acc = em.fresh("fc")
+        em.line(f"float {acc}[{ntiles}][4]{'' if plan.fold else ' = {}'};")
     split = a.split
     if not st.a_registers:
         sa = arrays[(st.block, "a")]
@@ -853,13 +892,15 @@ def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None
                      fa: str = "pf_fa", wait: bool = True, then: Callable[[str], None] | None = None) -> None:
     """The warpgroup products of ``chunks`` of ``b`` (from tile ``(W / 8)·(c − first)`` of ``acc``; ``a`` from
     ``sa``, else the A fragments ``fa``), every k step, committed, and the wait for them (``then``: printed
-    instead; ``wait`` off: none)."""
+    instead; ``wait`` off: none).  The first k step starts from zero, unless the statement
+    :attr:`~FragmentStmt.accumulates` (``acc`` its registers, holding the product's start)."""
     plan = st.dot
     assert plan is not None and plan.a is not None and plan.b is not None and plan.low is not None
     a, b = plan.a.staged, plan.b.staged
     steps = a.kp // 16
     width = plan.width
     name = f"pf::wgmma_m64n{width}k16_{LOW[plan.low.name]}"
+    accumulate = "true" if st.accumulates else "pf_ks > 0"
     em.line("pf::wgmma_fence();")
     em.line("#pragma unroll")
     em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
@@ -879,9 +920,9 @@ def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None
         db = f"pf::wgmma_desc_k128({sb} + {at}{lbo})"
         template = f"<{int(b.trans)}, {c - chunks.start}>"
         if sa is None:
-            em.line(f"{name}_rs{template}({acc}, {fa}[pf_ks], {db}, pf_ks > 0);")
+            em.line(f"{name}_rs{template}({acc}, {fa}[pf_ks], {db}, {accumulate});")
         else:
-            em.line(f"{name}{template}({acc}, pf_da, {db}, pf_ks > 0);")
+            em.line(f"{name}{template}({acc}, pf_da, {db}, {accumulate});")
     em.close()
     em.line("pf::wgmma_commit();")
     if then is not None:

@@ -11,15 +11,16 @@ loop *keeps* it are decided in separate places.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import from_linear_form, linear_form
+from polyfuse.ir import dtypes as dt
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Iota, Permute, Reduce, TileLoad, TileStore, axes_of, depends_on, map_tile_expr, tile_children,
-    walk_tile_expr,
+    Broadcast, Dot, Iota, Permute, Reduce, TileLoad, TileStore, axes_of, depends_on, expr_axis_sizes, map_tile_expr,
+    tile_children, walk_tile_expr,
 )
 
 
@@ -185,6 +186,41 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
     return initial, values
 
 
+
+
+def accumulated(s: TileStore, value: Expr, row: str, finite: Callable[[str], bool]) -> Dot | None:
+    """Statement ``s``'s ``value`` as one product that starts from the rest of the value, where it is
+    ``X + select(c, 0, dot(a, b, 0))`` (either order of the sum) with ``c`` a condition of ``row`` alone, ``X``
+    free of products and reductions, and ``b`` reading only ``finite`` tensors: ``dot(select(c, 0, a), b,
+    acc=X)`` — a rolling update's rescaled accumulator plus the tile's product, guarded where the row's running
+    maximum is −∞ (attention's ``O·h + P·V``).  Equal in IEEE arithmetic: where ``c`` holds the product sums
+    ``0·b`` over finite ``b``, ±0, and ``X + ±0`` is ``X`` (up to the sign of a zero); elsewhere it is the same
+    sum.  The product can then accumulate into the statement's registers (:attr:`FragmentStmt.accumulates
+    <polyfuse.emit_cpp.fragments.FragmentStmt.accumulates>`): no accumulators of its own."""
+    if not (isinstance(value, BinOp) and value.op == "+" and value.dtype == s.tensor.dtype == dt.f32):
+        return None
+    for rest, guarded in ((value.a, value.b), (value.b, value.a)):
+        if not (isinstance(guarded, Select) and _zero(guarded.true_value) and isinstance(guarded.false_value, Dot)):
+            continue
+        product = guarded.false_value
+        cond = guarded.cond
+        while isinstance(cond, (Broadcast, Permute)):
+            cond = cond.tile
+        if (not _zero(product.acc) or not set(axes_of(cond)) <= {row} or row not in axes_of(product.a)
+                or any(isinstance(n, (Dot, Reduce)) for n in walk_tile_expr(rest))
+                or not all(finite(n.tensor.name) for n in walk_tile_expr(product.b) if isinstance(n, TileLoad))
+                or axes_of(rest) != axes_of(product.acc)):
+            return None
+        sizes = dict(expr_axis_sizes([product.a]))
+        a_axes = tuple((x, sizes[x]) for x in axes_of(product.a))
+        zero = Const(0.0, product.a.dtype)
+        return Dot(Select(Broadcast(cond, a_axes), zero, product.a), product.b, rest, product.axis)
+    return None
+
+
+def _zero(x: Expr) -> bool:
+    c = constant(x)
+    return c is not None and c.value == 0
 
 
 def row_parts(exprs: list[Expr], row: str, col: str) -> list[Expr]:

@@ -68,7 +68,9 @@ from dataclasses import dataclass
 from polyfuse.emit_cpp import reciprocal, warpgroups
 from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
-from polyfuse.emit_cpp.fragment_values import constant, mask_free, reductions, rewrite, row_parts, store_exprs
+from polyfuse.emit_cpp.fragment_values import (
+    accumulated, constant, mask_free, reductions, rewrite, row_parts, store_exprs,
+)
 from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
 from polyfuse.emit_cpp.dotplan import (
@@ -87,6 +89,7 @@ from polyfuse.tiling.htile import (
     walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
+from polyfuse.tiling.relax import bounds
 from polyfuse.tiling.parallel import allocated_at
 
 STRIP = M16N8.rows
@@ -164,6 +167,23 @@ class FragmentStmt:
     row_parts: Mapping[Expr, tuple[Expr, ...]] = dataclasses.field(default_factory=dict)
     """For the value, the unmasked value and each reduction's tile: their parts computed once per row of the
     thread (:func:`row_parts`)."""
+    accumulates: bool = False
+    """Its value is a warpgroup product that starts from the rest of the value (:func:`accumulated`: a rolling
+    update's rescaled accumulator): that rest is written into the statement's own registers, and the product
+    accumulates straight into them — no accumulators of its own (FlashAttention-3's O rescaled in place)."""
+
+    @property
+    def elementwise(self) -> Expr | None:
+        """What its elementwise pass computes: the value, or where it :attr:`accumulates`, the product's start."""
+        if self.accumulates:
+            assert isinstance(self.value, Dot)
+            return self.value.acc
+        return self.value
+
+    @property
+    def accumulators(self) -> int:
+        """Registers per thread of its product's own accumulators (none where it :attr:`accumulates`)."""
+        return 0 if self.dot is None or self.accumulates else warpgroups.accumulators(self.dot)
 
 
 @dataclass(frozen=True)
@@ -276,7 +296,7 @@ class FragmentLoop:
     def registers(self) -> int:
         """Registers a thread needs, estimated: its tiles, the largest product's accumulators (each of its
         output tiles' four) and ``REGISTER_OVERHEAD`` for addresses, operand fragments and temporaries."""
-        products = max((warpgroups.accumulators(st.dot) for st in self.stmts.values() if st.dot is not None), default=0)
+        products = max((st.accumulators for st in self.stmts.values()), default=0)
         return self.tiles + products + REGISTER_OVERHEAD
 
     @property
@@ -306,10 +326,16 @@ class FragmentLoop:
                          f"({'a tile' if v.col is not None else 'a row value'} that several statements use)")
         for r in self.reciprocals:
             lines.append(r.describe())
+        for block, st in self.stmts.items():
+            if st.accumulates:
+                lines.append(f"{block}'s product accumulates into {block}'s registers, which first take the rest of "
+                             f"its value (its guard on the product's a; its b's inputs declared finite)")
         if self.deferred is not None:
+            into = self.stmts[self.deferred.block].accumulates
             lines.append(f"{self.deferred.block}'s product issued one iteration late, after {self.deferred.after}'s: "
-                         f"it runs during the statements between them, its statement at the end of the next "
-                         f"iteration (and the last after the loop)")
+                         f"it runs during the statements between them, "
+                         + ("its start written at the end of the iteration before" if into else
+                            "its statement at the end of the next iteration (and the last after the loop)"))
         if self.turns:
             lines.append(f"the {self.turns} computing warpgroups issue their products in turns (named barriers "
                          f"1..{self.turns})")
@@ -624,7 +650,25 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
          fresh: Callable[[str], str]) -> FragmentLoop:
     """The fragment plan of ``loop`` (one of :func:`units`) with its epilogue ``after``: ``memory``, the tensors
     read before it and written back after it (:func:`in_memory`); ``operand(block, frame, staged, low)``:
-    where a memory operand comes from."""
+    where a memory operand comes from.
+
+    Planned with every product's accumulators of its own first; where that issues no product late, planned again
+    with products accumulating into their statements' registers (the options' ``accumulate_products``), kept where
+    some does.  A late product with accumulators of its own adds them once after its wait, where accumulating into
+    the registers puts a rescaling pass before each issue (the slower of the two where both fit), but
+    accumulating saves the registers that let 128-wide heads issue late at all
+    (benchmarks/results/2026-11-28_H200_f171eec_accumulate)."""
+    apart = _plan(frame, loop, after, memory, operand, fresh, False)
+    if not frame.options.accumulate_products or apart.deferred is not None:
+        return apart
+    into = _plan(frame, loop, after, memory, operand, fresh, True)
+    return into if any(st.accumulates for st in into.stmts.values()) else apart
+
+
+def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozenset[str],
+          operand: Callable[[str, Frame, Staged, DType], OperandPlan], fresh: Callable[[str], str],
+          accumulate: bool) -> FragmentLoop:
+    """:func:`plan`, with products accumulating into their statements' registers where they may (``accumulate``)."""
     shape = _analyse(frame, loop)
     body = _body(loop)
     assert shape is not None and body is not None
@@ -678,8 +722,12 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
         width = warpgroups.width(frame, b) if instruction == WGMMA else 0
         dot = DotPlan(instruction, a.rows, b.rows, a.kk, low, ops[0], ops[1], a.rows_pad // STRIP, 1, ntiles, 1,
                       pair, None, M16N8, width)
+        into = (_accumulates(frame, shape, s, values[s.block], row, col, b, instruction, from_registers, allocated)
+                if accumulate else None)
+        if into is not None:
+            values[s.block] = into
         stmts[s.block] = FragmentStmt(s.block, row, col, dot, from_registers, own, values[s.block],
-                                      mask_free(values[s.block], axis_sizes(s)))
+                                      mask_free(values[s.block], axis_sizes(s)), accumulates=into is not None)
     masks = {s.block: s.mask for s in body}
     stmts = {block: _with_row_parts(st, masks[block]) for block, st in stmts.items()}
     for s in after:
@@ -712,10 +760,10 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                                      computing_registers=warpgroups.computing_registers(frame, shape.rows))
     budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
     room = budget - result.tiles - REGISTER_OVERHEAD
-    result = dataclasses.replace(result, stmts={block: st if st.dot is None else
+    result = dataclasses.replace(result, stmts={block: st if st.dot is None or st.accumulates else
                                                 dataclasses.replace(st, dot=warpgroups.folded(st.dot, room))
                                                 for block, st in result.stmts.items()})
-    deferred = _deferred(frame, body, result, budget)
+    deferred = _deferred(frame, loop, body, result, budget)
     if deferred is None:
         return result
     warpgroups_computing = shape.rows // WARPGROUP_ROWS
@@ -725,7 +773,8 @@ def plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozens
                                else 0)
 
 
-def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int) -> Deferred | None:
+def _deferred(frame: Frame, loop: Loop, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int
+              ) -> Deferred | None:
     """The product of ``fl`` to issue one iteration late (:class:`Deferred`), if one may be: with a producer
     warpgroup (the options' ``overlap_products``), the first warpgroup product whose ``a`` is computed from
     registers, issued whole, after another product (issued whole) of the iteration; its statement unmasked, its
@@ -733,8 +782,14 @@ def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budge
     product and its own tensor, only parts computed once per row (carried to the next iteration); and where the
     accumulators and A fragments it keeps across the iteration fit ``budget`` registers beside the loop's tiles and
     the other products' accumulators (:func:`deferred_registers`: the estimate refuses the 128-wide heads with
-    128-key tiles, where ptxas spilled, benchmarks/results/2026-11-28_H200_0bc1944_overlap)."""
+    128-key tiles, where ptxas spilled, benchmarks/results/2026-11-28_H200_0bc1944_overlap).  Not where the loop
+    runs at most twice (bounded by the grid's constant extents): one product at most would overlap, and ptxas
+    serialises the warpgroup products of a late product accumulating into its statement's registers where it sees
+    that the loop after the first iteration runs at most once (warning C7511)."""
     if not (frame.options.overlap_products and fl.producer):
+        return None
+    most = bounds(loop.extent, frame.grid)
+    if most is not None and most[1] <= 2:
         return None
     for k, s in enumerate(body):
         st = fl.stmts[s.block]
@@ -757,19 +812,19 @@ def _deferred(frame: Frame, body: tuple[TileStore, ...], fl: FragmentLoop, budge
             return None
         if not _elementwise_reads_only(st.value, set(st.row_parts[st.value]), name):
             return None
-        others = max((warpgroups.accumulators(p.dot) for b, p in fl.stmts.items()
-                      if p.dot is not None and b != s.block), default=0)
-        if fl.tiles + deferred_registers(st.dot) + others > budget:
+        others = max((p.accumulators for b, p in fl.stmts.items() if b != s.block), default=0)
+        if fl.tiles + deferred_registers(st) + others > budget:
             return None
         return Deferred(s.block, before[-1].block)
     return None
 
 
-def deferred_registers(dot: DotPlan) -> int:
-    """Registers per thread a product issued one iteration late keeps across the iteration: its accumulators and
-    its A fragments (16-bit pairs: ``k / 16`` steps of four)."""
-    assert dot.a is not None
-    return warpgroups.accumulators(dot) + dot.a.staged.kp // 16 * 4
+def deferred_registers(st: FragmentStmt) -> int:
+    """Registers per thread a product issued one iteration late keeps across the iteration: its own accumulators
+    (none where it accumulates into its statement's registers) and its A fragments (16-bit pairs: ``k / 16`` steps
+    of four)."""
+    assert st.dot is not None and st.dot.a is not None
+    return st.accumulators + st.dot.a.staged.kp // 16 * 4
 
 
 def _elementwise_reads_only(x: Expr, rows: set[Expr], name: str) -> bool:
@@ -781,13 +836,38 @@ def _elementwise_reads_only(x: Expr, rows: set[Expr], name: str) -> bool:
     return all(_elementwise_reads_only(c, rows, name) for c in tile_children(x))
 
 
+def _accumulates(frame: Frame, shape: _Shape, s: TileStore, value: Expr, row: str, col: str | None, b: Staged,
+                 instruction: str, from_registers: bool, allocated: set[str]) -> Dot | None:
+    """Statement ``s``'s value as a product accumulating into its own registers (:attr:`FragmentStmt.accumulates`),
+    where it may: a warpgroup product whose ``a`` is computed from
+    registers, its value :func:`accumulated` (the inputs its ``b`` reads declared finite), the statement unmasked
+    into a tensor the loop keeps in registers across iterations, of the product's columns, and the product's start
+    reading, besides row values, only that tensor."""
+    name = s.tensor.name
+    if not (instruction == WGMMA and from_registers and col is not None
+            and s.mask is None and name in shape.dims and name not in allocated
+            and shape.dims[name][1] is not None and shape.dims[name][2] == b.rows_pad):
+        return None
+    tensor = frame.tensors.get
+
+    def finite(t: str) -> bool:
+        x = tensor(t)
+        return x is not None and x.role == INPUT and x.finite
+
+    into = accumulated(s, value, row, finite)
+    if into is None or not _elementwise_reads_only(into.acc, set(row_parts([into.acc], row, col)), name):
+        return None
+    return into
+
+
 def _with_row_parts(st: FragmentStmt, mask: Expr | None) -> FragmentStmt:
     """``st`` with its :attr:`~FragmentStmt.row_parts` planned."""
     masks = [mask] if mask is not None else []
     assert st.value is not None
     parts: dict[Expr, tuple[Expr, ...]] = {}
     if st.col is not None:
-        for value in (st.value, *([st.unmasked[1]] if st.unmasked is not None else [])):
+        for value in (st.value, *([st.unmasked[1]] if st.unmasked is not None else []),
+                      *([st.elementwise] if st.accumulates else [])):
             parts[value] = tuple(row_parts([value, *masks], st.row, st.col))
     for r in reductions([st.value, *masks]):
         parts[r.tile] = tuple(row_parts([r.tile], st.row, r.axis))

@@ -72,6 +72,12 @@ class CodegenOptions:
     iteration late, right after the next iteration's first product, so that it runs during the statements between
     them (the softmax), where its accumulators fit the registers and a third stage of tiles fits shared memory
     (:class:`~polyfuse.emit_cpp.fragments.Deferred`); off: each product waited for where it is issued.
+    ``accumulate_products``: a warpgroup product that the loop adds to a rolling update's rescaled accumulator,
+    guarded where the row's running maximum is −∞ (attention's ``O·h + P·V``), accumulates straight into the
+    accumulator's registers, the guard moved onto its ``a`` (:func:`~polyfuse.emit_cpp.fragment_values.accumulated`:
+    equal where ``b``'s inputs are declared finite): its own accumulators are saved (64 registers per thread at
+    128-wide heads), so that the product can also be issued one iteration late there; off: accumulated from zero
+    and added.
     ``warpgroup_turns``: there, with two or more computing warpgroups, each issues its products (this iteration's
     first and the previous one's late product) only in its turn, after the warpgroup before it, at named barriers
     (FlashAttention-3's scheduler barrier): one warpgroup's softmax then runs while the other's products occupy
@@ -121,6 +127,7 @@ class CodegenOptions:
     warpgroup_width: int = 128
     producer_warp: bool = True
     overlap_products: bool = True
+    accumulate_products: bool = True
     warpgroup_turns: bool = True
     rows_on_chip: bool = True
     row_registers: int = 64

@@ -206,9 +206,10 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
         return warps * device.warp_size
 
     def frame_of(nest: GridNest, options: CodegenOptions = options) -> Frame:
+        grid = {lp.var.name: int(lp.extent.value) for lp in nest.chain if isinstance(lp.extent, Const)}
         return Frame({}, threads_of(nest, options), device.warp_size, tensor_cores, options, tensors, shared_names,
                      {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
-                     registers_per_sm=device.registers_per_sm, ranges=ranges)
+                     registers_per_sm=device.registers_per_sm, ranges=ranges, grid=grid)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels: list[KernelPlan] = []
