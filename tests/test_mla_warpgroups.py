@@ -79,9 +79,14 @@ def test_the_kernel_plans_as_warpgroup_products_with_values_read_from_the_key_ti
     assert "grid b < 32 x i < 1 x h_0 < 2 x dv_0 < 2;" in plan
     assert "warps 4-7 copy the operand tiles into 2 stages" in plan
     assert re.search(r"read from the panels of pf_fb\d+, the tile of score, from element", plan)
-    assert "64x256x64 wgmma.m64n64k16 (f16 operands), one per warpgroup of 64 rows and 64 columns of b, each " \
-           "folded into the statement before the next (registers)" in plan
+    # P·V accumulates into O's registers (its 64 x 256 f32 accumulators would not fit beside O's): whole, no chunks
+    assert "pv's product accumulates into pv's registers" in plan
+    assert "64x256x64 wgmma.m64n128k16 (f16 operands), one per warpgroup of 64 rows and 128 columns of b\n" in plan
     assert "shared memory: 221216 bytes" in plan
+    # accumulated from zero, it is issued 64 columns at a time, each chunk folded into O before the next
+    apart = _plan(sch, CUDA.with_options(accumulate_products=False))
+    assert "64x256x64 wgmma.m64n64k16 (f16 operands), one per warpgroup of 64 rows and 64 columns of b, each " \
+           "folded into the statement before the next (registers)" in apart
 
 
 def test_split_partials_start_at_the_rolling_updates_initial_value():
@@ -115,7 +120,7 @@ def test_warpgroup_decode_compiles_for_sm90a(sizes):
         pytest.skip("needs nvcc on PATH")
     _, _, sch = _schedule(**sizes)
     source = stages(sch, CUDA).source
-    assert re.search(r"pf::wgmma_m64n64k16_f16_rs<1, 0>", source.text)
+    assert re.search(r"pf::wgmma_m64n(64|128)k16_f16_rs<1, 0>", source.text)
     compile_gpu(source.text, f"mla_wg_{sizes['B']}", "cuda", source.target.arch,
                 options=CompileOptions(werror=True), compile_only=True)
 
