@@ -175,8 +175,9 @@ def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tunin
 def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
     # P·V issued one iteration late (during the next iteration's softmax, three stages of tiles) multiplies and
     # folds the same values in the same order as P·V waited for where it is issued: the same bits, on every
-    # input variant and magnitude; and NumPy within the tolerance.  Loops of 1 to 3 iterations, causal and
-    # windowed loops whose length varies by query tile.
+    # input variant and magnitude; and NumPy within the tolerance.  Loops of three or more iterations (the plan
+    # issues nothing late in shorter ones), causal and windowed loops whose length varies by query tile, one and two
+    # computing warpgroups, heads 64 wide (P·V apart) and 128 wide (accumulated into O).
     op, sizes, late = _kernel(name, "prefill", **sizes)
     if not late.kernel_source.target.device.wgmma:
         pytest.skip(f"wgmma needs sm_90a; the device is {late.kernel_source.target.arch}")
