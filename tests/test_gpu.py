@@ -18,6 +18,7 @@ from polyfuse.emit_cpp import CodegenOptions
 from polyfuse.errors import BackendUnavailable, LaunchError
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
+from polyfuse.ops.variants import VARIANTS
 from polyfuse.pipeline import build
 
 pytestmark = pytest.mark.gpu
@@ -35,6 +36,13 @@ def _kernel(name: str, mode: str, loader: str | None = None, codegen: CodegenOpt
     except BackendUnavailable as err:
         pytest.skip(str(err))
     return op, sizes, kernel
+
+
+def _every_input(op, seed: int, sizes):
+    """``(magnitude, variant, inputs)`` of prefill for every magnitude of ``op`` and every input variant."""
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            yield magnitude, variant, op.inputs(seed, "prefill", sizes, magnitude, variant)
 
 
 @pytest.mark.parametrize(("name", "mode"), FUSED)
@@ -105,18 +113,16 @@ def test_fragment_loops_match_numpy_and_the_shared_memory_path(name, sizes, tuni
     assert "in warp fragments" in once.kernel_source.text and "pf_fa_lo" in split.kernel_source.text
     assert "in warp fragments" not in shared.kernel_source.text
     tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
-            inputs = op.inputs(6, "prefill", sizes, magnitude, variant)
-            reference = op.reference(inputs, "prefill", sizes)
-            a, b, c = once.run(inputs), split.run(inputs), shared.run(inputs)
-            for key, value in unpiped.run(inputs).items():  # (copies at each iteration's top: the same sums)
-                assert np.array_equal(value, a[key], equal_nan=True), f"{variant}: prefetch changed {key}"
-            for got in (a, b):
-                result = ops.compare(got, reference, tolerance)
-                assert result.ok, f"{variant} at magnitude {magnitude:g}: {result.line()} worst {result.worst}"
-            result = ops.compare(b, c, tolerance)
-            assert result.ok, f"{variant} at magnitude {magnitude:g}: split against shared {result.line()}"
+    for magnitude, variant, inputs in _every_input(op, 6, sizes):
+        reference = op.reference(inputs, "prefill", sizes)
+        a, b, c = once.run(inputs), split.run(inputs), shared.run(inputs)
+        for key, value in unpiped.run(inputs).items():  # (copies at each iteration's top: the same sums)
+            assert np.array_equal(value, a[key], equal_nan=True), f"{variant}: prefetch changed {key}"
+        for got in (a, b):
+            result = ops.compare(got, reference, tolerance)
+            assert result.ok, f"{variant} at magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+        result = ops.compare(b, c, tolerance)
+        assert result.ok, f"{variant} at magnitude {magnitude:g}: split against shared {result.line()}"
 
 
 @pytest.mark.parametrize(("name", "sizes", "options", "tuning"), [
@@ -147,16 +153,14 @@ def test_warpgroup_products_match_numpy_and_mma_sync(name, sizes, options, tunin
     assert re.search(r"pf::wgmma_m64n(64|128)k16_f16_rs<1, 0>", wg.kernel_source.text)
     assert "wgmma" not in sync.kernel_source.text.split("__global__", 1)[1]
     tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
-            inputs = op.inputs(7, "prefill", sizes, magnitude, variant)
-            reference = op.reference(inputs, "prefill", sizes)
-            a, b = wg.run(inputs), sync.run(inputs)
-            for got, which in ((a, "wgmma"), (b, "mma.sync")):
-                result = ops.compare(got, reference, tolerance)
-                assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
-            result = ops.compare(a, b, tolerance)
-            assert result.ok, f"{variant} at magnitude {magnitude:g}: wgmma against mma.sync {result.line()}"
+    for magnitude, variant, inputs in _every_input(op, 7, sizes):
+        reference = op.reference(inputs, "prefill", sizes)
+        a, b = wg.run(inputs), sync.run(inputs)
+        for got, which in ((a, "wgmma"), (b, "mma.sync")):
+            result = ops.compare(got, reference, tolerance)
+            assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+        result = ops.compare(a, b, tolerance)
+        assert result.ok, f"{variant} at magnitude {magnitude:g}: wgmma against mma.sync {result.line()}"
 
 
 @pytest.mark.parametrize(("name", "sizes"), [
@@ -192,15 +196,13 @@ def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
     assert "issued one iteration late" not in in_turn.kernel_source.text
     assert "pf::turn_wait" not in free.kernel_source.text  # (the others take turns where they have two warpgroups)
     tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
-            inputs = op.inputs(8, "prefill", sizes, magnitude, variant)
-            a, b, c = late.run(inputs), in_turn.run(inputs), free.run(inputs)
-            for out in a:
-                assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
-                assert np.array_equal(np.asarray(c[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
-            result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
-            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+    for magnitude, variant, inputs in _every_input(op, 8, sizes):
+        a, b, c = late.run(inputs), in_turn.run(inputs), free.run(inputs)
+        for out in a:
+            assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
+            assert np.array_equal(np.asarray(c[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
+        result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
+        assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
 
 
 @pytest.mark.parametrize(("name", "sizes"), [
@@ -225,16 +227,14 @@ def test_products_accumulated_into_their_registers_match_numpy(name, sizes):
     assert "pv's product accumulates into its registers" in into.kernel_source.text
     assert "accumulates into" not in apart.kernel_source.text
     tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special"):
-            inputs = op.inputs(9, "prefill", sizes, magnitude, variant)
-            a, b = into.run(inputs), apart.run(inputs)
-            reference = op.reference(inputs, "prefill", sizes)
-            for got, which in ((a, "into O"), (b, "apart")):
-                result = ops.compare(got, reference, tolerance)
-                assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
-            result = ops.compare(a, b, tolerance)
-            assert result.ok, f"{variant} at {magnitude:g}: into O against apart {result.line()}"
+    for magnitude, variant, inputs in _every_input(op, 9, sizes):
+        a, b = into.run(inputs), apart.run(inputs)
+        reference = op.reference(inputs, "prefill", sizes)
+        for got, which in ((a, "into O"), (b, "apart")):
+            result = ops.compare(got, reference, tolerance)
+            assert result.ok, f"{which} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+        result = ops.compare(a, b, tolerance)
+        assert result.ok, f"{variant} at {magnitude:g}: into O against apart {result.line()}"
 
 
 @pytest.mark.parametrize(("name", "sizes"), [

@@ -15,7 +15,7 @@ from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
 from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body
 from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS, WARPGROUP_WARPS
-from polyfuse.emit_cpp.fragment_values import constant, reductions
+from polyfuse.emit_cpp.fragment_values import is_zero, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
 from polyfuse.ir import dtypes as dt
@@ -638,8 +638,7 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
         else:
             e = next(n for n in walk_tile_expr(value_expr) if isinstance(n, Dot))
             acc = accumulators or _product(em, fl, st, e, env, arrays, wait, then)
-            zero = constant(e.acc)
-            added_to = None if zero is not None and zero.value == 0 else em.scalar(e.acc, env)  # (acc from +0)
+            added_to = None if is_zero(e.acc) else em.scalar(e.acc, env)  # (acc from +0)
             # A folded product: each chunk's products, then the statement at its columns (reading them from the
             # chunk's accumulators), before the next chunk's products reuse those.
             chunks: list[int | None] = ([*range(st.dot.b.staged.rows_pad // st.dot.width)]

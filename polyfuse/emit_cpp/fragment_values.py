@@ -200,13 +200,13 @@ def accumulated(s: TileStore, value: Expr, row: str, finite: Callable[[str], boo
     if not (isinstance(value, BinOp) and value.op == "+" and value.dtype == s.tensor.dtype == dt.f32):
         return None
     for rest, guarded in ((value.a, value.b), (value.b, value.a)):
-        if not (isinstance(guarded, Select) and _zero(guarded.true_value) and isinstance(guarded.false_value, Dot)):
+        if not (isinstance(guarded, Select) and is_zero(guarded.true_value) and isinstance(guarded.false_value, Dot)):
             continue
         product = guarded.false_value
         cond = guarded.cond
         while isinstance(cond, (Broadcast, Permute)):
             cond = cond.tile
-        if (not _zero(product.acc) or not set(axes_of(cond)) <= {row} or row not in axes_of(product.a)
+        if (not is_zero(product.acc) or not set(axes_of(cond)) <= {row} or row not in axes_of(product.a)
                 or any(isinstance(n, (Dot, Reduce)) for n in walk_tile_expr(rest))
                 or not all(finite(n.tensor.name) for n in walk_tile_expr(product.b) if isinstance(n, TileLoad))
                 or axes_of(rest) != axes_of(product.acc)):
@@ -218,7 +218,8 @@ def accumulated(s: TileStore, value: Expr, row: str, finite: Callable[[str], boo
     return None
 
 
-def _zero(x: Expr) -> bool:
+def is_zero(x: Expr) -> bool:
+    """Whether ``x`` is the constant 0 (possibly broadcast or permuted)."""
     c = constant(x)
     return c is not None and c.value == 0
 

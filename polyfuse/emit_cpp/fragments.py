@@ -209,7 +209,9 @@ class Deferred:
     from the A fragments kept since then, so it runs on the tensor cores while ``j``'s statements between the two
     (the softmax) run on the others; its statement's elementwise pass (``O = O·h + P·V``) runs at the end of
     iteration ``j``, after waiting for it, from ``j − 1``'s row values (``h``, kept in registers), and the last
-    iteration's after the loop.  FlashAttention-3's intra-warpgroup overlap.
+    iteration's after the loop.  FlashAttention-3's intra-warpgroup overlap.  Where the statement
+    :attr:`~FragmentStmt.accumulates`, the product is issued into its statement's registers instead, which the
+    iteration before wrote its start into at its end: nothing is carried or folded.
 
     Equal to the program in every case: the statement's value reads, besides its product and its own tensor,
     only values of its row computed at its own place in iteration ``j − 1`` (:func:`_deferred` checks that no
