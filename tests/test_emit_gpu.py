@@ -332,7 +332,7 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
     # ahead, q (it does not change with the loop) is copied once, at the first iteration, into a buffer of its
     # own; k and v are copied at every iteration; each dot commits its copies and waits for them right before
     # the barrier that publishes its operands.
-    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(stream_ahead=False)).text
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(stream_ahead=False, refill_tiles=False)).text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
     assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
@@ -370,14 +370,54 @@ def test_varying_tiles_are_copied_one_iteration_ahead():
 @pytest.mark.parametrize(("keys", "ahead"), [(4096, True), (32768, False)])
 def test_tiles_are_copied_ahead_only_where_every_block_still_fits_at_once(keys, ahead):
     # Global decode, 16 heads: at 4096 keys 64 blocks, which fit at once with the second halves of their k and v
-    # tiles (2 per SM); at 32768 keys 512 blocks, which would not: the kernel copies each iteration's tiles when
-    # it needs them (7 blocks per SM), and its plan says why.
+    # tiles (2 per SM); at 32768 keys 512 blocks, which would not: the kernel refills one buffer per tile instead
+    # (4 blocks per SM: all 512 fit at once), and its plan says why not ahead.
     sizes = {"B": 1, "Hq": 16, "Hkv": 16, "Skv": keys, "D": 64, "Dv": 64}
     text = str(gpu_plan(_tiles("attn_global", "decode", **sizes), CUDA)[1])
     assert ("two halves, the next iteration's copied during this one" in text) == ahead
-    assert ("tiles copied when each iteration needs them, not ahead: with their second halves, its 85568 bytes of "
-            "shared memory would let 2 blocks per SM run at once, too few for its 512 blocks on 132 SMs" in text) == (
-        not ahead)
+    assert ("tiles not copied ahead: with their second halves, its 85568 bytes of shared memory would let 2 blocks "
+            "per SM run at once, too few for its 512 blocks on 132 SMs" in text) == (not ahead)
+    assert ("one buffer, the next iteration's copied after score (its last reader)" in text) == (not ahead)
+    assert "not refilled" not in text
+
+
+def test_tiles_are_refilled_only_where_as_many_blocks_fit():
+    # Global decode at batch 32 (2048 blocks, 128-wide heads): one buffer per tile would halve the blocks per SM
+    # (2 instead of 4) and the grid does not fit at once either way: its tiles are copied when each iteration
+    # needs them, and the plan says why.
+    text = str(gpu_plan(_tiles("attn_global", "decode", **ops.get("attn_global").presets["decode_b32"]), CUDA)[1])
+    assert ("tiles copied when each iteration needs them, not refilled: with one buffer per tile, its 83776 bytes of "
+            "shared memory would let 2 blocks per SM run at once (4 without), and not all its blocks") in text
+    assert "one buffer, the next" not in text
+
+
+def test_refilled_tiles_are_copied_after_their_last_reader_and_waited_for_by_count():
+    # Global decode with refills: k and v (and the invariant q, with k) copied before the loop, one group each;
+    # k refilled with the next iteration's tile after the score's closing barrier, v after pv's; each dot waits
+    # with one group still in flight (the other tile's), then publishes; every refill commits, also at the last
+    # iteration, and the loop drains after.
+    text = emit(_tiles("attn_global", "decode", B=1, Hq=16, Hkv=16, Skv=32768, D=64, Dv=64), CUDA).text
+    loop = text[text.index("for (int j_1 = 0;"):]
+    before = text[:text.index("for (int j_1 = 0;")]
+    assert before.count("pf::cp_async_commit();") == 2 and before.count("pf::cp_async16(") == 3
+    assert loop.count("pf::cp_async_wait<1>();") == 2 and loop.count("pf::cp_async_commit();") == 2
+    score, pv = _statement(loop, "score"), _statement(loop, "pv_rf")
+    for text_, tensor in ((score, "k"), (pv, "v")):
+        dot, refill = text_.split("// the next iteration's tile")
+        assert re.search(r"pf::cp_async_wait<1>\(\);[^\n]*\n\s*__syncthreads\(\);", dot)
+        assert "cp_async16" not in dot.split("if (j_1 + 1 < (8))")[0]  # the dot copies nothing itself
+        assert re.search(r"__syncthreads\(\);\s*if \(j_1 \+ 1 < \(8\)\) \{\s*const int pf_next = j_1 \+ 1;"
+                         r"\s*\{\s*const int j_1 = pf_next;\s*$", dot)
+        assert f"&{tensor}[" in refill and refill.rstrip().endswith("pf::cp_async_commit();")
+    assert "pf::cp_async_wait<0>();" in loop[loop.index("// row_sum_rf\n"):]
+
+
+def test_a_tile_read_by_two_dots_is_refilled_after_the_second():
+    # MLA decode: v is the first columns of the kv tile (read in place by pv), so the kv tile is refilled after
+    # pv, its last reader; with one refilled tile the score waits for every group.
+    text = str(gpu_plan(_tiles("attn_mla_decode", "decode", **ops.get("attn_mla_decode").presets["decode"]), CUDA)[1])
+    assert ("the next iteration's copied after pv_rf (its last reader), 0 later copy groups in flight at its first "
+            "reader") in text
 
 
 @pytest.mark.nvcc
@@ -576,7 +616,7 @@ def test_min_blocks_asks_for_registers_that_let_blocks_reside():
     # the kernel asks for registers that let 3 reside.  Global prefill's 42 KB let 5 reside: it asks nothing.
     for name, asks in (("attn_causal", True), ("attn_global", False)):
         source = emit(_tiles(name, "prefill", tuning=OLD_TILE, **ops.get(name).presets["prefill"]),
-                      SHARED_PATH.with_options(stream_ahead=False))
+                      SHARED_PATH.with_options(stream_ahead=False, refill_tiles=False))
         (launch,) = source.launches
         resident = CUDA.device.blocks_per_sm(launch.shared)
         assert (resident <= CUDA.options.min_blocks) == asks

@@ -262,9 +262,11 @@ def test_warpgroup_widths_match(name, sizes):
             assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
 
 
-_NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False, stream_ahead=False)
-_AT_ONCE = CodegenOptions(stream_ahead=False)
+_NO_KEPT_TILES = CodegenOptions(keep_invariant=False, share_tiles=False, stream_ahead=False, refill_tiles=False)
+_AT_ONCE = CodegenOptions(stream_ahead=False, refill_tiles=False)
 _AHEAD = "the next iteration's tiles"
+_REFILLED = "into the buffer"
+_REFILL = CodegenOptions(stream_ahead=False)
 
 
 @pytest.mark.parametrize(("off_options", "marker", "name", "mode", "sizes"), [
@@ -277,13 +279,19 @@ _AHEAD = "the next iteration's tiles"
     (_AT_ONCE, _AHEAD, "attn_mla_decode", "decode", _MLA_576),
     (_AT_ONCE, _AHEAD, "attn_mla_decode", "decode", {}),
     (_AT_ONCE, _AHEAD, "attn_global", "decode", {"B": 1, "Skv": 3001, "D": 64, "Dv": 64}),
-    (_AT_ONCE, _AHEAD, "attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 4096})])
+    (_AT_ONCE, _AHEAD, "attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 4096}),
+    ((_REFILL, _AT_ONCE), _REFILLED, "attn_mla_decode", "decode", _MLA_576),
+    ((_REFILL, _AT_ONCE), _REFILLED, "attn_global", "decode", {"B": 1, "Skv": 3001, "D": 64, "Dv": 64}),
+    ((_REFILL, _AT_ONCE), _REFILLED, "attn_causal", "decode", {"B": 2, "Skv": 1000}),
+    ((_REFILL, _AT_ONCE), _REFILLED, "attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 4096})])
 def test_staging_variants_match(off_options, marker, name, mode, sizes):
-    # Tiles a loop keeps (copied once, or read from another dot's tile, or copied one iteration ahead) and
-    # statistics kept in shared memory across the loop compute the same expressions in the same order: the
-    # outputs are bit for bit those without them.  A k split among warp groups (MLA's score, k = 576) sums in
-    # another order: it matches NumPy and the unsplit kernel within the catalog tolerance.
-    op, sizes, on = _kernel(name, mode, **sizes)
+    # Tiles a loop keeps (copied once, or read from another dot's tile, or copied one iteration ahead, or
+    # refilled after their last reader) and statistics kept in shared memory across the loop compute the same
+    # expressions in the same order: the outputs are bit for bit those without them.  A k split among warp
+    # groups (MLA's score, k = 576) sums in another order: it matches NumPy and the unsplit kernel within the
+    # catalog tolerance.  A pair of options is (on, off); one is off, against the defaults.
+    on_options, off_options = off_options if isinstance(off_options, tuple) else (None, off_options)
+    op, sizes, on = _kernel(name, mode, codegen=on_options, **sizes)
     _, _, off = _kernel(name, mode, codegen=off_options, **sizes)
     assert marker in on.kernel_source.text and marker not in off.kernel_source.text
     for magnitude in op.magnitudes:

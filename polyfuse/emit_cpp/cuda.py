@@ -95,6 +95,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
+        self.refills: tuple[stream.StreamPlan, Loop] | None = None
+        """The loop being printed whose tiles are refilled after their last readers, with its plan
+        (:func:`~polyfuse.emit_cpp.stream.refill`, after each statement's closing barrier)."""
         self.published: str | None = None
         """The first statement of an iteration whose tiles were copied ahead and published at its top
         (:func:`~polyfuse.emit_cpp.stream.top`): its dot needs no barrier of its own for them."""
@@ -186,12 +189,14 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         for tile in lp.streams.kept if lp.streams is not None else ():
             self.shared_array("uint16_t", tile.buffer, tile.nbytes, lp.offsets[tile.buffer])
         mark = self.scratch
-        if lp.streams is not None and lp.streams.ahead:
+        if lp.streams is not None and (lp.streams.ahead or lp.streams.refill):
             stream.prologue(self, lp.streams, s)
             self.open(self.loop_header(s))
             self.allocate(s)
             stream.top(self, lp.streams, s)
+            outer_refills, self.refills = self.refills, (lp.streams, s) if lp.streams.refill else None
             self.stmt(s.body)
+            self.refills = outer_refills
             self.close()
         else:
             super().loop(s)
@@ -364,6 +369,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.close()
         self.close()
         self.barrier()
+        if self.refills is not None:
+            stream.refill(self, *self.refills, s.block)
         self.scratch = mark
         self.materialized = {}
         self.stmt_plan = None

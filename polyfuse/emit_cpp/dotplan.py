@@ -472,6 +472,9 @@ class OperandPlan:
     half: int = 0
     """The 16-bit elements of each of the two halves of ``buffer`` where the tile changes with the loop and is
     copied ahead (iteration ``loop_var`` reads half ``loop_var & 1``); 0: one buffer."""
+    in_flight: int | None = None
+    """The loop refills the tile after its last reader (:mod:`~polyfuse.emit_cpp.stream`): the copy groups that
+    may still be in flight when the dot reads it (its ``cp.async.wait_group``); None: not refilled."""
     offset: Expr | None = None
     """``"panels"``: the element offset of the operand's first panel in its holder's tile."""
 

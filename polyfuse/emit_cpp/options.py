@@ -95,6 +95,11 @@ class CodegenOptions:
     every operand that changes with it, in two halves, and copies the next iteration's while it computes this one
     (the invariant tiles and the first iteration's before the loop: :mod:`~polyfuse.emit_cpp.stream`); off: each
     iteration's tiles are copied when its products need them, and waited for at once.
+    ``refill_tiles``: where copying ahead is off or its second halves would not fit, such a loop keeps every
+    operand that changes with it in one buffer, copied before the loop and refilled with the next iteration's
+    tile right after its last reader (decode's value tile arrives while the scores are computed, the next key
+    tile during the softmax and the second product); planned only where the buffers let as many blocks run at
+    once as copying per statement, or all of them; off: copied when the products need them.
     """
 
     fast_exp: bool = True
@@ -134,6 +139,7 @@ class CodegenOptions:
     fold_combine: bool = True
     fold_serial: int = 2
     stream_ahead: bool = True
+    refill_tiles: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

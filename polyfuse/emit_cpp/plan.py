@@ -140,8 +140,11 @@ class KernelPlan:
     unfolded: str = ""
     """Of a split-k combine launched on its own: why it is not folded into the kernel before it."""
     not_ahead: str = ""
-    """Where its loops copy their tiles when each iteration needs them although the options' ``stream_ahead``
-    is on: why (:func:`_why_not_ahead`)."""
+    """Where its loops do not copy their tiles ahead although the options' ``stream_ahead`` is on: why
+    (:func:`_why_not_ahead`)."""
+    not_refilled: str = ""
+    """Where they copy them when each iteration needs them although the options' ``refill_tiles`` is on: why
+    (:func:`_why_not_refilled`)."""
     replanned: str = ""
     """Where it was planned with an option of the program's turned off (its shared memory would not fit a block
     otherwise): which, and why; printed in the plan and above the kernel in its source, whose options line is the
@@ -286,15 +289,26 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
     """A kernel's plan; planned again without tiles copied ahead where their second halves would let fewer of
-    its blocks run at once (:func:`_why_not_ahead`), and without kept tiles where they would take more shared
-    memory than a block may have (the caller refuses one that still does: :func:`_refuse_oversized`)."""
+    its blocks run at once (:func:`_why_not_ahead`), then without tiles refilled where their buffers would
+    (:func:`_why_not_refilled`), and without kept tiles where they would take more shared memory than a block
+    may have (the caller refuses one that still does: :func:`_refuse_oversized`)."""
     if nest.kind == MAP:
         return KernelPlan(name, nest, frame.threads, frame.warp)
+
+    def planned(**off: bool) -> KernelPlan:
+        options = dataclasses.replace(frame.options, **off)
+        return _Planner(nest, name, dataclasses.replace(frame, options=options), True, device).run()
+
     plan = _Planner(nest, name, frame, True, device).run()
     not_ahead = _why_not_ahead(plan, nest, device)
     if not_ahead:
-        frame = dataclasses.replace(frame, options=dataclasses.replace(frame.options, stream_ahead=False))
-        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), not_ahead=not_ahead)
+        plan = dataclasses.replace(planned(stream_ahead=False), not_ahead=not_ahead)
+    not_refilled = _why_not_refilled(plan, nest, device, lambda: planned(stream_ahead=False, refill_tiles=False))
+    if not_refilled:
+        frame = dataclasses.replace(frame, options=dataclasses.replace(frame.options, stream_ahead=False,
+                                                                       refill_tiles=False))
+        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), not_ahead=not_ahead,
+                                   not_refilled=not_refilled)
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
@@ -348,6 +362,26 @@ def _why_not_ahead(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:
         return ""
     return (f"with their second halves, its {plan.peak} bytes of shared memory would let {resident} blocks per SM "
             f"run at once, too few for its {blocks} blocks on {device.sms} SMs")
+
+
+def _why_not_refilled(plan: KernelPlan, nest: GridNest, device: DeviceSpec,
+                      plain: Callable[[], KernelPlan]) -> str:
+    """Why the tiles ``plan`` refills after their last readers (one buffer per tile: more shared memory than the
+    tiles of one statement at a time) would let fewer of its blocks run at once than ``plain`` (copied when
+    each iteration needs them) where not all of them fit at once; empty where they do not, or where it refills
+    none."""
+    if not any(lp.streams is not None and lp.streams.refill for lp in plan.loops.values()):
+        return ""
+    resident = device.blocks_per_sm(plan.peak)
+    if all(isinstance(lp.extent, Const) for lp in nest.chain):
+        blocks = math.prod(int(lp.extent.value) for lp in nest.chain)
+        if blocks <= device.sms * resident:
+            return ""
+    base = device.blocks_per_sm(plain().peak)
+    if resident >= base:
+        return ""
+    return (f"with one buffer per tile, its {plan.peak} bytes of shared memory would let {resident} blocks per SM "
+            f"run at once ({base} without), and not all its blocks")
 
 
 def _heavy_first(nest: GridNest) -> str | None:
@@ -480,7 +514,8 @@ class _Planner:
         self.shared_names |= added
         streams = None
         if frame.tensor_cores and self.streams is None and self.keep_tiles:
-            streams = stream.plan(self.here({}), s, self.fresh, frame.options.stream_ahead)
+            streams = stream.plan(self.here({}), s, self.fresh, frame.options.stream_ahead,
+                                  frame.options.refill_tiles)
         for tile in streams.kept if streams is not None else ():
             offsets[tile.buffer] = self.scratch
             self.take(tile.nbytes)
@@ -751,7 +786,9 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     if k.unfolded:
         lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
     if k.not_ahead:
-        lines.append(f"  tiles copied when each iteration needs them, not ahead: {k.not_ahead}")
+        lines.append(f"  tiles not copied ahead: {k.not_ahead}")
+    if k.not_refilled:
+        lines.append(f"  tiles copied when each iteration needs them, not refilled: {k.not_refilled}")
     if k.replanned:
         lines.append(f"  planned with {k.replanned}")
     if isinstance(k.rows, onchip.RowsOnChip):

@@ -24,6 +24,15 @@ those of iteration ``t + 1`` into half ``(t + 1) & 1`` at the top of iteration `
 publishes iteration ``t``'s tiles, past which no thread still reads the other half (:func:`top`).  The dots
 then neither copy nor wait.
 
+With ``refill`` (the options' ``refill_tiles``, where the second halves would not fit) every varying operand is
+kept in **one** buffer: the first iteration's tiles are copied before the loop, each its own ``cp.async`` group,
+and a tile is refilled with iteration ``t + 1``'s right after the barrier that ends its last reader of iteration
+``t`` (:func:`refill`).  The value tile then arrives while the scores are computed and the next key tile while
+the softmax and the second product run, in no more shared memory than one buffer per tile.  A reader waits with
+``cp.async.wait_group n`` where ``n`` is the number of groups committed after its tile's (:func:`_in_flight`):
+the groups are committed in the same order before the loop as in it (by last reader), and every refill point
+commits a group (empty at the last iteration), so ``n`` is the same at every iteration.
+
 :func:`plan` decides which (the kernel plan records a :class:`StreamPlan` per loop and an ``OperandPlan`` per
 operand); :func:`prologue`, :func:`top`, :func:`consume`, :func:`publish` and :func:`drain` print the copies
 and waits.
@@ -77,6 +86,12 @@ class KeptTile:
     buffer: str
     ahead: bool = False
     """Copied one iteration ahead, into the half of a two-part buffer that the iteration does not read."""
+    last: str | None = None
+    """Refilled (one buffer): the block of the tile's last reader in an iteration, after which the next
+    iteration's tile is copied into it."""
+    in_flight: int = 0
+    """With refills: the copy groups committed after the tile's and before its first reader (that reader's
+    ``cp.async.wait_group``; an invariant tile is copied in the first group)."""
 
     @property
     def half(self) -> int:
@@ -100,6 +115,14 @@ class StreamPlan:
     first: str | None = None
     """The block of the loop body's first statement (with ``ahead``: a dot there reading only tiles copied ahead
     needs no barrier of its own, :func:`publish`)."""
+    refill: bool = False
+    """The varying tiles are kept in one buffer each, copied before the loop and refilled after their last
+    reader (:func:`refill`); the invariant ones copied before the loop."""
+
+    @property
+    def refilled(self) -> tuple[KeptTile, ...]:
+        """The tiles refilled after their last reader, in the order of their copy groups."""
+        return tuple(t for t in self.kept if t.last is not None)
 
     def source(self, block: str, op: Staged) -> OperandPlan | None:
         """Where ``op`` (of a dot of statement ``block``) comes from, if the loop keeps it."""
@@ -109,20 +132,33 @@ class StreamPlan:
         if holder is not None:
             tile = tiles[holder]
             return OperandPlan(dataclasses.replace(op, stride=tile.operand.op.stride), "held", tile.buffer,
-                               holder=holder[0], loop_var=self.loop_var, ahead=self.ahead, half=tile.half)
+                               holder=holder[0], loop_var=self.loop_var, ahead=self.ahead, half=tile.half,
+                               in_flight=self._in_flight(block))
         tile = tiles.get(key)
         if tile is None:
             return None
         return OperandPlan(op, "kept", tile.buffer, every_iteration=tile.operand.varies, loop_var=self.loop_var,
-                           ahead=self.ahead, half=tile.half)
+                           ahead=self.ahead, half=tile.half, in_flight=self._in_flight(block))
+
+    def _in_flight(self, block: str) -> int | None:
+        """With ``refill``: the copy groups that may still be in flight when statement ``block`` reads its tiles
+        (the fewest of its tiles' :attr:`KeptTile.in_flight`); None otherwise."""
+        if not self.refill:
+            return None
+        readers = {t.key: t for t in self.kept}
+        mine = [readers[h] for k, h in self.held if k[0] == block] + [t for t in self.kept if t.key[0] == block]
+        return min((t.in_flight for t in mine), default=0)
 
     def describe(self, offsets: Mapping[str, int]) -> list[str]:
         """One line per kept tile (with its byte ``offsets`` in shared memory) and per operand read from one."""
         def copied(t: KeptTile) -> str:
             if t.ahead:
                 return "two halves, the next iteration's copied during this one"
+            if t.last is not None:
+                return (f"one buffer, the next iteration's copied after {t.last} (its last reader), "
+                        f"{t.in_flight} later copy groups in flight at its first reader")
             if not t.operand.varies:
-                return "copied before the loop" if self.ahead else "copied once"
+                return "copied before the loop" if self.ahead or self.refill else "copied once"
             return "copied every iteration"
 
         out = [f"{t.key[0]}: operand tile {t.operand.load.tensor.name} kept in {t.buffer} ({t.nbytes} bytes at "
@@ -131,28 +167,56 @@ class StreamPlan:
         return out
 
 
-def plan(frame: Frame, loop: Loop, fresh: Callable[[str], str], ahead: bool = False) -> StreamPlan | None:
+def plan(frame: Frame, loop: Loop, fresh: Callable[[str], str], ahead: bool = False,
+         refill: bool = False) -> StreamPlan | None:
     """The tiles ``loop`` keeps, or None if it keeps none; ``ahead``: every varying operand too, copied one
-    iteration ahead (where the loop has one)."""
+    iteration ahead (where the loop has one); else ``refill``: every varying operand too, in one buffer refilled
+    after its last reader."""
     o = frame.options
-    if not (o.keep_invariant or o.share_tiles or ahead):
+    if not (o.keep_invariant or o.share_tiles or ahead or refill):
         return None
     operands = _operands(frame, loop)
     held = _held(frame, operands) if o.share_tiles else {}
-    ahead = ahead and o.async_staging and any(x.varies for x in operands.values())
+    streamed = o.async_staging and any(x.varies for x in operands.values())
+    ahead = ahead and streamed
+    refill = refill and streamed and not ahead
     kept = []
     for key, operand in operands.items():
         if key in held:
             continue
-        keep = key in held.values() or (ahead if operand.varies else o.keep_invariant)
+        keep = key in held.values() or (ahead or refill if operand.varies else o.keep_invariant or refill)
         if not keep:
             continue  # staged per statement
         kept.append(KeptTile(key, operand, fresh("keep"), ahead and operand.varies))
     if not kept:
         return None
     body = loop.body.stmts if isinstance(loop.body, Seq) else (loop.body,)
+    if refill:
+        kept = _refills(kept, dict(held), [s.block for s in body])
     return StreamPlan(loop.var.name, tuple(kept), tuple(held.items()), ahead,
-                      body[0].block if ahead and isinstance(body[0], TileStore) else None)
+                      body[0].block if ahead and isinstance(body[0], TileStore) else None, refill)
+
+
+def _refills(kept: list[KeptTile], held: dict[Key, Key], order: list[str]) -> list[KeptTile]:
+    """``kept`` with each varying tile's last reader and in-flight count, ordered as their copy groups: by last
+    reader (the order of the refills in an iteration), so that the groups before the loop come in that order too.
+
+    A tile refilled at iteration ``t`` has the groups of the tiles refilled later in ``t`` committed after it,
+    and those refilled in ``t + 1`` before its first reader: the same count at the first iteration, whose
+    groups are committed before the loop in the refill order."""
+    rank = {b: n for n, b in enumerate(order)}
+    readers: dict[Key, list[int]] = {t.key: [rank[t.key[0]]] for t in kept}
+    for reader, holder in held.items():
+        readers[holder].append(rank[reader[0]])
+    varying = sorted((t for t in kept if t.operand.varies), key=lambda t: (max(readers[t.key]), min(readers[t.key])))
+
+    def later(n: int, t: KeptTile) -> int:
+        first = min(readers[t.key])
+        return len(varying) - n - 1 + sum(max(readers[u.key]) < first for u in varying)
+
+    out = [dataclasses.replace(t, in_flight=later(0, t)) for t in kept if not t.operand.varies]
+    return out + [dataclasses.replace(t, last=order[max(readers[t.key])], in_flight=later(n, t))
+                  for n, t in enumerate(varying)]
 
 
 def _operands(frame: Frame, loop: Loop) -> dict[Key, Operand]:
@@ -221,14 +285,20 @@ def same_start(i: Index, j: Index, unit: Mapping[str, Expr]) -> bool:
 
 
 def prologue(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
-    """Before a loop whose tiles are copied ahead: the first iteration's tiles and the invariant ones, one group."""
-    if not sp.ahead:
+    """Before a loop whose tiles are copied ahead: the first iteration's tiles and the invariant ones, one group;
+    before one whose tiles are refilled: the invariant tiles with the first refilled tile's, then each other
+    refilled tile's its own group, in the order of the refills."""
+    if not (sp.ahead or sp.refill):
         return
-    em.open(f"if ({em.scalar(loop.extent, {})} > 0)")
-    em.line(f"[[maybe_unused]] const {em.widths.loop} {sp.loop_var} = 0;")
-    _copy(em, list(sp.kept), lambda t: t.buffer)
-    em.close()
-    em.line("pf::cp_async_commit();")
+    refilled = sp.refilled
+    groups = [list(sp.kept)] if sp.ahead else [
+        [t for t in sp.kept if t.last is None] + list(refilled[:1]), *([t] for t in refilled[1:])]
+    for group in groups:
+        em.open(f"if ({em.scalar(loop.extent, {})} > 0)")
+        em.line(f"[[maybe_unused]] const {em.widths.loop} {sp.loop_var} = 0;")
+        _copy(em, group, lambda t: t.buffer)
+        em.close()
+        em.line("pf::cp_async_commit();")
 
 
 def top(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
@@ -251,6 +321,22 @@ def top(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
     em.published = sp.first
 
 
+def refill(em: CudaEmitter, sp: StreamPlan, loop: Loop, block: str) -> None:
+    """After statement ``block`` (and the barrier that ends it, past which no thread reads its tiles) in a loop
+    whose tiles are refilled: the next iteration's copy of each tile ``block`` read last, one group each
+    (committed at every iteration, empty at the last, so every reader's wait counts the same groups)."""
+    var, t = sp.loop_var, em.widths.loop
+    for tile in (x for x in sp.refilled if x.last == block):
+        em.open(f"if ({var} + 1 < {em.scalar(loop.extent, {})})")
+        em.line(f"const {t} pf_next = {var} + 1;")
+        em.open("")
+        em.line(f"const {t} {var} = pf_next;  // the next iteration's tile, into the buffer {block} has read")
+        _copy(em, [tile], lambda x: x.buffer)
+        em.close()
+        em.close()
+        em.line("pf::cp_async_commit();")
+
+
 def _copy(em: CudaEmitter, tiles: list[KeptTile], buffer: Callable[[KeptTile], str]) -> None:
     """Copy each of ``tiles`` into ``buffer(tile)``, with its statement's axis sizes."""
     saved = em.sizes
@@ -269,6 +355,9 @@ def consume(em: CudaEmitter, source: OperandPlan, low: DType, arr: str) -> None:
     if source.ahead:
         em.line(f"uint16_t* {arr} = {source.pointer};  // copied ahead")
         return
+    if source.in_flight is not None:
+        em.line(f"uint16_t* {arr} = {source.pointer};  // copied during the previous iteration (or before the loop)")
+        return
     if not source.every_iteration:
         em.open(f"if ({source.loop_var} == 0)")
     copy_async(em, source.staged, low, source.buffer)
@@ -286,6 +375,11 @@ def publish(em: CudaEmitter, dot: DotPlan, waited: bool = False) -> None:
     first, em.published = em.published == em.block, None
     if first and all(op.source in ("kept", "held") and op.ahead for op in operands):
         return  # the barrier at the top of the iteration published them, and nothing ran since
+    refilled = [op.in_flight for op in operands if op.source in ("kept", "held") and op.in_flight is not None]
+    if refilled and not waited:
+        em.line(f"pf::cp_async_wait<{min(refilled)}>();  // this iteration's tiles (later copies may be in flight)")
+        em.barrier()
+        return
     kept = [op for op in operands if op.source == "kept" and not op.ahead]
     if kept and not waited:
         every = any(op.every_iteration for op in kept)
