@@ -332,7 +332,8 @@ def test_exact_16_bit_operands_are_staged_by_cp_async():
     # ahead, q (it does not change with the loop) is copied once, at the first iteration, into a buffer of its
     # own; k and v are copied at every iteration; each dot commits its copies and waits for them right before
     # the barrier that publishes its operands.
-    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE), SHARED_PATH.with_options(stream_ahead=False, refill_tiles=False)).text
+    text = emit(_tiles("attn_causal", "prefill", tuning=OLD_TILE),
+                SHARED_PATH.with_options(stream_ahead=False, refill_tiles=False)).text
     assert "pf_q = *reinterpret_cast<const uint4*>" not in text
     assert text.count("pf::cp_async16(") == 3
     assert re.search(r"if \(j_0 == 0\) \{\s*\{\s*int pf_o = [^;]*;\s*int pf_d = [^;]*;"
