@@ -413,6 +413,19 @@ def test_refilled_tiles_are_copied_after_their_last_reader_and_waited_for_by_cou
     assert "pf::cp_async_wait<0>();" in loop[loop.index("// row_sum_rf\n"):]
 
 
+@pytest.mark.parametrize(("name", "mode"), [("attn_global", "decode"), ("attn_causal", "decode"),
+                                           ("attn_mla_decode", "decode"), ("softmax", "default"),
+                                           ("layernorm_stats", "default"), ("attn_causal", "prefill")])
+def test_no_barrier_follows_another(name, mode):
+    # Two block barriers in a row order nothing the first has not: the printer emits one.  A block reduction
+    # of one output (decode's row max and row sum over a key tile) is a scope, not a loop of one round, so its
+    # closing barrier is its statement's.
+    text = emit(_tiles(name, mode), CUDA).text
+    assert not re.search(r"__syncthreads\(\);\s*__syncthreads\(\);", text)
+    if mode == "decode" and name != "attn_mla_decode":
+        assert "for (int pf_o = 0; pf_o < 1; ++pf_o)" not in text
+
+
 def test_a_tile_read_by_two_dots_is_refilled_after_the_second():
     # MLA decode: v is the first columns of the kv tile (read in place by pv), so the kv tile is refilled after
     # pv, its last reader; with one refilled tile the score waits for every group.

@@ -150,6 +150,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.open(header)
 
     def barrier(self) -> None:
+        """A block barrier; none right after another at the same place (nothing between them to order)."""
+        if self.lines and self.lines[-1].strip() == "__syncthreads();":
+            return
         self.line("__syncthreads();")
 
     def warp_barrier(self) -> None:
@@ -499,8 +502,10 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         warps = self.threads // self.warp
         partial = self.fresh("red")
         self.shared_array(ct, partial, warps * SIZEOF[ct])
-        self.open(f"for (int pf_o = 0; pf_o < {outputs}; ++pf_o)")
-        env = self.decode(axes, "pf_o")
+        # One output: a scope, not a loop, so that its closing barrier is the statement's (one barrier, not two).
+        o = "0" if outputs == 1 else "pf_o"
+        self.open(f"for (int pf_o = 0; pf_o < {outputs}; ++pf_o)" if outputs > 1 else "")
+        env = self.decode(axes, o)
         acc = self.fresh("acc")
         self.line(f"{ct} {acc} = {_REDUCE_INIT[e.op]};")
         self.reduce_items(e, env, acc, ct, "pf_tid", self.threads)
@@ -511,10 +516,12 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.line(f"{ct} pf_w = {partial}[0];")
         step = self.combine(e.op, "pf_w", f"{partial}[pf_i]", ct)
         self.line(f"for (int pf_i = 1; pf_i < {warps}; ++pf_i) pf_w = {step};")
-        self.line(f"{name}[pf_o] = {self.reduce_result(e, 'pf_w')};")
+        self.line(f"{name}[{o}] = {self.reduce_result(e, 'pf_w')};")
+        self.close()
+        if outputs > 1:
+            self.barrier()  # the partials are written again by the next output
         self.close()
         self.barrier()
-        self.close()
 
     # ------------------------------------------------------------ kernels
     def nest_kernel(self, plan: KernelPlan) -> Launch:

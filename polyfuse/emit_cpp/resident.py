@@ -10,7 +10,8 @@ it.
 
 A tensor qualifies in a loop when it is a temporary in global memory (not an input or output, not in
 shared memory already), the loop writes it but not with a product (a dot's accumulator: MHA decode's partial
-``pv_rf`` of one row, kept, went from 0.064 to 0.088 ms in attn_norm_inside decode for reasons not found), and
+``pv_rf`` of one row, kept, was slower in one measurement and no faster in a later one, whose profile shows the
+loop bound by its barriers: benchmarks/results/2026-11-28_H200_c7a9948_refill), and
 every access to it in the loop is unmasked, at one index (the same scalar indices and slices, whatever the
 slices' axes are called) that does not depend on the loop's variable, of at most ``resident_elements``
 elements (the options' ``resident_elements``).  :func:`plan` decides (the kernel plan records it);
