@@ -115,3 +115,58 @@ def test_reciprocal_on_and_off_match_numpy_on_every_input_variant(sizes):
             assert result.ok, f"{variant} at {magnitude:g}: reciprocal against division {result.line()}"
             differ += int(not np.array_equal(np.asarray(on["out"]), np.asarray(off["out"]), equal_nan=True))
     print(f"outputs differing in some element: {differ} of {2 * len(VARIANTS)} runs")
+
+
+# ------------------------------------------------------------ divisions by a constant (reciprocal_constants)
+
+@pytest.mark.parametrize(("c", "inverse"), [
+    (50.0, float(np.float32(1) / np.float32(50))), (-3.0, float(np.float32(-1) / np.float32(3))),
+    (8192.0, None), (2.0, None), (1.0, None), (0.5, None), (0.3, None), (-1.0, None), (float("inf"), None),
+    (float("nan"), None), (2.0 ** 127, None)])
+def test_reciprocal_constant_only_above_one_and_not_a_power_of_two(c, inverse):
+    # |c| > 1 keeps |fl(1/c)| <= 1 (no overflow the division has not); a power of two divides exactly already;
+    # 1/c must be a normal f32 (2^127's is not).
+    from polyfuse.emit_cpp.options import reciprocal_constant
+    assert reciprocal_constant(c) == inverse
+
+
+def test_softcap_multiplies_by_the_caps_reciprocal():
+    # attn_softcap's 50·tanh(s/50): s·fl(1/50) on the GPU (0x1.47ae14p-6, the f32 nearest 1/50), the division
+    # with the option off; variance's mean divides by L: multiplied by fl(1/40) at L = 40, a division by 8192 (a
+    # power of two: exact either way) at L = 8192.
+    tiles = _tiles("attn_softcap", Sq=256, Skv=256)
+    on = emit(tiles, CUDA).text
+    off = emit(tiles, CUDA.with_options(reciprocal_constants=False)).text
+    assert "* 0x1.47ae140000000p-6f" in on and "/ 0x1.9000000000000p+5f" not in on
+    assert "/ 0x1.9000000000000p+5f" in off and "0x1.47ae14" not in off
+    op = ops.get("variance")
+    for length, text in ((40, f"* {float(np.float32(1) / np.float32(40)).hex()}f"), (8192, "/ 0x1.0000000000000p+13f")):
+        sizes = {**op.sizes("default"), "L": length}
+        variance = to_tiles(default_schedule("variance", "default", op.program("default", **sizes),
+                                             target="cuda").program)
+        assert text in emit(variance, CUDA).text
+
+
+@pytest.mark.gpu
+def test_softcap_with_the_caps_reciprocal_matches_numpy_on_every_input_variant():
+    # Ragged sizes; the constant's reciprocal on and off, both against NumPy within the tolerance (which carries
+    # the term), every input variant at every magnitude.
+    op = ops.get("attn_softcap")
+    sizes = {**op.sizes("prefill"), "Sq": 72, "Skv": 200}
+    kernels = {}
+    for on in (True, False):
+        try:
+            kernels[on] = build(default_schedule("attn_softcap", "prefill", op.program("prefill", **sizes),
+                                                 target="cuda"), "cuda", sizes=sizes, werror=True,
+                                codegen=CodegenOptions(reciprocal_constants=on))
+        except BackendUnavailable as err:
+            pytest.skip(str(err))
+    assert "0x1.47ae14" in kernels[True].kernel_source.text and "0x1.47ae14" not in kernels[False].kernel_source.text
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            inputs = op.inputs(13, "prefill", sizes, magnitude, variant)
+            reference = op.reference(inputs, "prefill", sizes)
+            for on, kernel in kernels.items():
+                result = ops.compare(kernel.run(inputs), reference, tolerance)
+                assert result.ok, f"reciprocal={on} {variant} at {magnitude:g}: {result.line()} worst {result.worst}"

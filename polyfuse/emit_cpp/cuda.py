@@ -41,6 +41,7 @@ from polyfuse.emit_cpp.cfamily import (
 from polyfuse.emit_cpp.dotplan import SWIZZLE_ALIGN
 from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
+from polyfuse.emit_cpp.options import reciprocal_constant
 from polyfuse.emit_cpp.target import GATHER_FAULT, KernelSource, Launch, Target, arg_of
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, VectorLanes, chunks
 from polyfuse.emit_cpp.widths import INT32_MAX
@@ -148,6 +149,14 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         are in flight together."""
         self.line(f"#pragma unroll {self.options.element_unroll}")
         self.open(header)
+
+    def divisor_inverse(self, e: BinOp) -> float | None:
+        """``fl(1/c)`` for an f32 division by a constant ``c`` where the options' ``reciprocal_constants`` allow
+        (:func:`~polyfuse.emit_cpp.options.reciprocal_constant`)."""
+        if (not self.options.reciprocal_constants or e.op != "/" or e.dtype != dt.f32
+                or not isinstance(e.b, Const)):
+            return None
+        return reciprocal_constant(float(e.b.value))
 
     def barrier(self) -> None:
         """A block barrier; none right after another at the same place (nothing between them to order)."""

@@ -269,7 +269,11 @@ def tolerance(name: str, variant: Variant, mode: str, sizes: Sizes) -> dict[str,
     p_rounded = u16 + d.Skv * 2.0 ** -25
     # the divide-inside form's P = exp(s - m)·(1/ℓ) on the GPU (emit_cpp/reciprocal.py): relative 2^-23 + 2^-48
     reciprocal = (2.0 ** -23 + 2.0 ** -48) * (1 + u16) if variant.normalise_inside else 0.0
-    return {"out": (V_MAX * (f32_sums + f32_logits + gpu_exp + p_rounded + reciprocal), u16)}
+    # soft-capping c·tanh(s/c): tanhf's 2 ulp of a value <= 1 (c·2·2^-24 on the logit) and the GPU's s·fl(1/c)
+    # for s/c (relative 2^-23 + 2^-48 on tanh's argument, <= that times max_logit on the logit: tanh' <= 1)
+    capped = (2 * (2 * u32 * variant.softcap + (2.0 ** -23 + 2.0 ** -48) * max_logit)
+              if variant.softcap is not None else 0.0)
+    return {"out": (V_MAX * (f32_sums + f32_logits + gpu_exp + p_rounded + reciprocal + capped), u16)}
 
 
 TOLERANCE_NOTE = (
@@ -293,6 +297,11 @@ TOLERANCE_NOTE = (
     "only where ℓ is proven in [1, Skv], so r is normal): r = (1/ℓ)(1+δ1), fl(p_j·r) = (p_j/ℓ)(1+δ1)(1+δ2), "
     "|δ| <= 2^-24, a relative 2^-23 + 2^-48 before the f16 rounding, which then scales it by at most 1 + 2^-11; "
     "the weights p_j/ℓ sum to at most 1, so out moves by at most that times max|v|; "
+    "+ 2·(2·2^-24·c + (2^-23 + 2^-48)·max|s|) for soft-capping c·tanh(s/c) only: tanhf is off by at most 2 ulp "
+    "of a value <= 1 (CUDA Math API), c·2·2^-24 on the logit, and the GPU computes s/c as s·fl(1/c) (the "
+    "reciprocal_constants code generation option, c = 50 neither a power of two nor <= 1), a relative "
+    "2^-23 + 2^-48 on tanh's argument, at most that times max|s| on the logit (tanh' <= 1); a logit moved by δ "
+    "moves out by at most 2·δ·max|v| (as for the f32 logits); "
     "at magnitude 1e4 the logits are exact in f32 only "
     "because inputs lie on a grid and the test D makes 1/sqrt(D) a power of two: otherwise f32 rounding of "
     "logits near 1e4 (~1e-3) moves rows whose two largest logits nearly tie by up to ~2e-3·max|v|. "

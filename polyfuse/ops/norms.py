@@ -124,8 +124,9 @@ def ref_rmsnorm_amax(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
 
 
 def tol_rmsnorm_amax(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
-    # s: M roundings; /M, + eps (and eps's own f32 rounding): 2 more; sqrt halves and adds 1; x/: 1.
-    rtol = ((sizes["M"] + 3) / 2 + 2) * U32
+    # s: M roundings; /M (two on the GPU: s·fl(1/M)), + eps (and eps's own f32 rounding): 3 more; sqrt halves
+    # and adds 1; x/: 1.
+    rtol = ((sizes["M"] + 4) / 2 + 2) * U32
     return {"y": (TINY32, rtol), "amax": (TINY32, rtol)}
 
 
@@ -134,9 +135,11 @@ register(Operator(
     description="RMSNorm and its row max: s = Σ_j x², y = x / sqrt(s/M + eps), amax = max_j y (eps = 1e-6)",
     build=build_rmsnorm_amax, make_inputs=make_rmsnorm_inputs, reference=ref_rmsnorm_amax,
     tolerance=tol_rmsnorm_amax,
-    tolerance_note="f32, U32 = 2^-24 per rounding. s = Σ x² (positive terms): rel <= M·U32; s/M + eps adds 2 "
-                   "roundings and eps's f32 rounding at most one more; sqrt halves and adds U32; the division U32: "
-                   "rtol = ((M + 3)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
+    tolerance_note="f32, U32 = 2^-24 per rounding. s = Σ x² (positive terms): rel <= M·U32; s/M + eps adds 3 "
+                   "roundings (s/M is s·fl(1/M) on the GPU, the reciprocal_constants code generation option, "
+                   "where M is not a power of two) and eps's f32 rounding at most one more; sqrt halves and adds "
+                   "U32; the division U32: "
+                   "rtol = ((M + 4)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
                    "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
                    "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48."
                    + CONTRACTED,
@@ -235,23 +238,27 @@ def ref_variance(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
 
 
 def _mean_error(n: int, offsets: tuple[float, ...]) -> float:
-    """Bound on the f32 error of a mean of n values below max(offsets) + SPREAD (n roundings)."""
-    return n * U32 * (max(offsets) + SPREAD)
+    """Bound on the f32 error of a mean Σ x/n of n values below max(offsets) + SPREAD: n - 1 roundings of the
+    sum and two of each x/n (the GPU's x·fl(1/n), the ``reciprocal_constants`` code generation option, where n is
+    not a power of two; one for a division)."""
+    return (n + 1) * U32 * (max(offsets) + SPREAD)
 
 
 def tol_variance(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
     L = sizes["L"]
-    # var computed = (1 + (L + 3)·U32·θ)·(var + δ²) for a mean off by δ.
-    return {"var": (2 * _mean_error(L, VARIANCE_OFFSETS) ** 2, (L + 3) * U32)}
+    # var computed = (1 + (L + 4)·U32·θ)·(var + δ²) for a mean off by δ (each term's /L two roundings on the GPU).
+    return {"var": (2 * _mean_error(L, VARIANCE_OFFSETS) ** 2, (L + 4) * U32)}
 
 
 register(Operator(
     name="variance",
     description="two-pass row variance of x[B, L]: mean = Σ_l x / L, var = Σ_l (x - mean)² / L",
     build=build_variance, make_inputs=make_variance_inputs, reference=ref_variance, tolerance=tol_variance,
-    tolerance_note="f32, U32 = 2^-24 per rounding. The mean is off by δ <= L·U32·max|x| (x/L and the sum); "
-                   "Σ(x - mean)²/L then equals (var + δ²) up to 4 roundings per term and L - 1 for the sum of "
-                   "positive terms: rtol = (L + 3)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
+    tolerance_note="f32, U32 = 2^-24 per rounding. The mean is off by δ <= (L + 1)·U32·max|x| (x/L and the "
+                   "sum; x/L is two roundings on the GPU, x·fl(1/L), the reciprocal_constants code generation "
+                   "option, where L is not a power of two); "
+                   "Σ(x - mean)²/L then equals (var + δ²) up to 5 roundings per term and L - 1 for the sum of "
+                   "positive terms: rtol = (L + 4)·U32, atol = 2·δ² with max|x| = max offset (1e4) + sqrt 3 "
                    "(tolerance does not see the magnitude, so it covers the largest; the special variant's huge "
                    "entries, 2^13, are within it)." + CONTRACTED,
     defaults={"default": {"B": 8, "L": 40}}, presets={"default": {"B": 1024, "L": 8192}}, symbolic=("B", "L"),
@@ -377,9 +384,9 @@ def tol_layernorm_stats(mode: str, sizes: Sizes) -> dict[str, tuple[float, float
     M = sizes["M"]
     delta = _mean_error(M, LAYERNORM_OFFSETS)
     # y: x - mean is off by δ (the subtraction itself is exact near the offset), var + eps relatively by
-    # (M + 4)·U32 (halved by sqrt, plus sqrt and the division); the sample variance of M >= 8 draws of
-    # unit variance is >= 1/4 here, so 1/sqrt(var + eps) <= 2.
-    return {"mean": (delta, 0.0), "var": (2 * delta ** 2, (M + 3) * U32), "y": (2 * delta, ((M + 4) / 2 + 3) * U32)}
+    # (M + 5)·U32 (halved by sqrt, plus sqrt and the division); the sample variance of M >= 8 draws of
+    # unit variance is >= 1/4 here, so 1/sqrt(var + eps) <= 2.  Each /M is two roundings on the GPU (x·fl(1/M)).
+    return {"mean": (delta, 0.0), "var": (2 * delta ** 2, (M + 4) * U32), "y": (2 * delta, ((M + 5) / 2 + 3) * U32)}
 
 
 register(Operator(
@@ -388,11 +395,13 @@ register(Operator(
                 "y = (x - mean) / sqrt(var + eps) (eps = 1e-5)",
     build=build_layernorm_stats, make_inputs=make_layernorm_inputs, reference=ref_layernorm_stats,
     tolerance=tol_layernorm_stats,
-    tolerance_note="f32, U32 = 2^-24 per rounding. mean: x/M and the sum, off by δ <= M·U32·max|x| (atol δ); "
-                   "var as for variance: rtol (M + 3)·U32, atol 2·δ²; y = (x - mean)/sqrt(var + eps): the "
+    tolerance_note="f32, U32 = 2^-24 per rounding. mean: x/M and the sum, off by δ <= (M + 1)·U32·max|x| "
+                   "(x/M two roundings on the GPU, x·fl(1/M), the reciprocal_constants code generation option, "
+                   "where M is not a power of two; atol δ); "
+                   "var as for variance: rtol (M + 4)·U32, atol 2·δ²; y = (x - mean)/sqrt(var + eps): the "
                    "difference is exact up to δ and 1/sqrt(var + eps) <= 2 for these draws (atol 2δ), the "
                    "relative error of var + eps is halved by sqrt, plus sqrt, the division and the subtraction: "
-                   "rtol ((M + 4)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
+                   "rtol ((M + 5)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
                    "magnitude, so it covers the largest). Input variants: a ties row has variance (max - min)²/4, "
                    "at least its own, monotone rows keep their values, huge entries (2^13) stay within max|x|; "
                    "a zero row is exact, and a row of m values (mean μ) after M - m zeros has a mean off by at "
