@@ -13,7 +13,7 @@ import pytest
 from polyfuse import ops
 from polyfuse.bench import baselines
 from polyfuse.bench.cases import SWEEP_STEPS, cases, sweep_axis
-from polyfuse.bench.report import correctness, markdown, polyfuse_ok, table
+from polyfuse.bench.report import correctness, markdown, polyfuse_ok, source_digest, table
 from polyfuse.cli import build_parser, main
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "gpu_bench_sample.json"
@@ -118,6 +118,16 @@ def test_the_report_of_a_recorded_run():
     failed = {**softmax, "candidates": {**softmax["candidates"], "polyfuse": {"error": "schedule/build failed"}}}
     assert not polyfuse_ok(failed) and correctness(failed) == "polyfuse: error"
     assert "torch.softmax: RuntimeError: example failure" in markdown(data["cases"], data)
+
+
+def test_the_header_names_the_sources_measured():
+    # A run from a copy of a working tree records a digest of polyfuse's sources beside git's HEAD (which may be
+    # the copy's stale one): the header prints it, and an older record without it says so.
+    digest = source_digest()
+    assert len(digest) == 12 and int(digest, 16) >= 0 and digest == source_digest()
+    data = json.loads(SAMPLE.read_text())
+    assert "(sources not recorded)" in markdown(data["cases"], data)
+    assert f"(sources {digest})" in markdown(data["cases"], {**data, "sources": digest})
 
 
 def test_the_plots_of_a_recorded_run(tmp_path):

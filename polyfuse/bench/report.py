@@ -7,6 +7,7 @@ TFLOP/s of the products where the operator has any (attention: visible pairs onl
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import platform
 import subprocess
@@ -129,7 +130,8 @@ def _notes(rec: Mapping[str, Any]) -> str:
 
 def markdown(records: list[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
     lines = [f"# polyfuse GPU benchmark — {meta['gpu']}", "",
-             f"{meta['date']}; polyfuse {meta['commit'] or 'commit unknown'}; torch {meta['torch']}, "
+             f"{meta['date']}; polyfuse {meta['commit'] or 'commit unknown'} (sources "
+             f"{meta.get('sources', 'not recorded')}); torch {meta['torch']}, "
              f"triton {meta['triton']}, CUDA {meta['cuda']}; timing {meta['timer']} (median, "
              f"warm-up {meta['warmup_ms']:g} ms, {meta['rep_ms']:g} ms measured); sizes {meta['sizes']}; "
              f"`{meta['command']}`", "",
@@ -145,15 +147,32 @@ def markdown(records: list[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
 
 
 def git_commit() -> str | None:
-    """The commit of the checkout polyfuse is imported from (None for an installed package)."""
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=PACKAGE_ROOT, capture_output=True, text=True,
-                              check=False, timeout=10)
-    except (OSError, subprocess.SubprocessError):
+    """The commit of the checkout polyfuse is imported from, with ``+ changes`` where its ``polyfuse/`` differs
+    from that commit (a copy of a working tree measures what is in it, not its HEAD); None for an installed
+    package."""
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=PACKAGE_ROOT, capture_output=True, text=True, check=False,
+                                  timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    if not head:
         return None
-    if done.returncode != 0:
-        return None
-    return done.stdout.strip() or None
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", "polyfuse")
+    return head + (" + changes" if changed else "")
+
+
+def source_digest() -> str:
+    """The first 12 hex digits of a SHA-256 of polyfuse's own sources (every ``.py`` and ``.h`` file of the
+    package, by relative path): names the code measured whatever git says about the copy it ran from."""
+    package = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256()
+    for path in sorted(p for p in package.rglob("*") if p.suffix in (".py", ".h") and p.is_file()):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def environment(*, command: str, sizes: str, seed: int, loader: str | None, timer: str, warmup_ms: float,
@@ -169,7 +188,8 @@ def environment(*, command: str, sizes: str, seed: int, loader: str | None, time
     return {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton_version,
             "cuda": torch.version.cuda, "python": platform.python_version(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "commit": commit or git_commit(), "command": command, "sizes": sizes, "seed": seed, "loader": loader,
+            "commit": commit or git_commit(), "sources": source_digest(), "command": command, "sizes": sizes,
+            "seed": seed, "loader": loader,
             "timer": timer, "warmup_ms": warmup_ms, "rep_ms": rep_ms, "tf32": False, "magnitude": 1.0}
 
 
