@@ -126,7 +126,7 @@ def test_reciprocal_on_and_off_match_numpy_on_every_input_variant(sizes):
 def test_reciprocal_constant_only_above_one_and_not_a_power_of_two(c, inverse):
     # |c| > 1 keeps |fl(1/c)| <= 1 (no overflow the division has not); a power of two divides exactly already;
     # 1/c must be a normal f32 (2^127's is not).
-    from polyfuse.emit_cpp.options import reciprocal_constant
+    from polyfuse.emit_cpp.reciprocal import reciprocal_constant
     assert reciprocal_constant(c) == inverse
 
 

@@ -41,7 +41,7 @@ from polyfuse.emit_cpp.cfamily import (
 from polyfuse.emit_cpp.dotplan import SWIZZLE_ALIGN
 from polyfuse.emit_cpp.mma import emit_dot, emit_dot_into, serial_dot
 from polyfuse.emit_cpp.plan import KernelPlan, LoopPlan, ProgramPlan, StmtPlan
-from polyfuse.emit_cpp.options import reciprocal_constant
+from polyfuse.emit_cpp.reciprocal import reciprocal_constant
 from polyfuse.emit_cpp.target import GATHER_FAULT, KernelSource, Launch, Target, arg_of
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, VectorLanes, chunks
 from polyfuse.emit_cpp.widths import INT32_MAX
@@ -96,6 +96,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
+        self.synced_at = -1
+        """The number of lines printed when the last block barrier was (:meth:`barrier`)."""
         self.refills: tuple[stream.StreamPlan, Loop] | None = None
         """The loop being printed whose tiles are refilled after their last readers, with its plan
         (:func:`~polyfuse.emit_cpp.stream.refill`, after each statement's closing barrier)."""
@@ -152,7 +154,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
 
     def divisor_inverse(self, e: BinOp) -> float | None:
         """``fl(1/c)`` for an f32 division by a constant ``c`` where the options' ``reciprocal_constants`` allow
-        (:func:`~polyfuse.emit_cpp.options.reciprocal_constant`)."""
+        (:func:`~polyfuse.emit_cpp.reciprocal.reciprocal_constant`)."""
         if (not self.options.reciprocal_constants or e.op != "/" or e.dtype != dt.f32
                 or not isinstance(e.b, Const)):
             return None
@@ -160,9 +162,10 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
 
     def barrier(self) -> None:
         """A block barrier; none right after another at the same place (nothing between them to order)."""
-        if self.lines and self.lines[-1].strip() == "__syncthreads();":
+        if self.synced_at == len(self.lines):
             return
         self.line("__syncthreads();")
+        self.synced_at = len(self.lines)
 
     def warp_barrier(self) -> None:
         self.line("pf::syncwarp();")

@@ -11,10 +11,7 @@ of every generated source, so they are part of the kernel cache's key (which has
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-
-import numpy as np
 
 from polyfuse.errors import PolyfuseError
 
@@ -70,9 +67,9 @@ class CodegenOptions:
     (:mod:`~polyfuse.emit_cpp.reciprocal`: relative ``2^-23 + 2^-48`` before the rounding, in the tolerance
     notes); off: an IEEE division per element.
     ``reciprocal_constants``: an f32 division ``x / c`` by a constant ``c`` with ``|c| > 1`` that is not a power
-    of two is ``x · fl(1/c)`` (:func:`reciprocal_constant`: one rounding more, a relative ``2^-23 + 2^-48``
-    instead of ``2^-24``, in the tolerance notes of the operators that divide so; no overflow, since
-    ``|fl(1/c)| <= 1``); a power of two divides exactly either way; off: an IEEE division.
+    of two is ``x · fl(1/c)`` (:func:`~polyfuse.emit_cpp.reciprocal.reciprocal_constant`: one rounding more, a
+    relative ``2^-23 + 2^-48`` instead of ``2^-24``, in the tolerance notes of the operators that divide so; no
+    overflow, since ``|fl(1/c)| <= 1``); a power of two divides exactly either way; off: an IEEE division.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``overlap_products``: there, the product whose ``a`` the loop computes (attention's P·V) is issued one
@@ -173,23 +170,3 @@ def _text(value: object) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     return "auto" if value is None else str(value)
-
-
-RECIPROCAL_CONSTANT_ERROR = 2.0 ** -23 + 2.0 ** -48
-"""The relative error of ``fl(x · fl(1/c))`` against ``x / c``: ``(1 + 2^-24)² − 1`` (both roundings relative, as
-``1/c`` and the product are normal or the product's error is absolute below ``2^-149``)."""
-
-
-def reciprocal_constant(c: float) -> float | None:
-    """``fl32(1/c)`` where a division by the constant ``c`` may be a multiplication by it (``reciprocal_constants``):
-    ``|c| > 1``, finite, not a power of two (that one divides exactly: nothing to gain) and ``1/c`` normal in
-    f32; else None.
-
-    Why ``|c| > 1``: then ``|fl(1/c)| <= 1`` and ``|x · fl(1/c)| <= |x|``, so the product overflows nowhere that
-    the division does not; ±0, ±inf and NaN in ``x`` give what the division gives."""
-    if not math.isfinite(c) or abs(c) <= 1.0 or abs(c) >= 2.0 ** 126:
-        return None
-    mantissa, _ = math.frexp(abs(c))
-    if mantissa == 0.5:
-        return None
-    return float(np.float32(1.0) / np.float32(c))

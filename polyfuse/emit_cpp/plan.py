@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -303,12 +304,10 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
     not_ahead = _why_not_ahead(plan, nest, device)
     if not_ahead:
         plan = dataclasses.replace(planned(stream_ahead=False), not_ahead=not_ahead)
-    not_refilled = _why_not_refilled(plan, nest, device, lambda: planned(stream_ahead=False, refill_tiles=False))
+    plain = functools.cache(lambda: planned(stream_ahead=False, refill_tiles=False))
+    not_refilled = _why_not_refilled(plan, nest, device, plain)
     if not_refilled:
-        frame = dataclasses.replace(frame, options=dataclasses.replace(frame.options, stream_ahead=False,
-                                                                       refill_tiles=False))
-        plan = dataclasses.replace(_Planner(nest, name, frame, True, device).run(), not_ahead=not_ahead,
-                                   not_refilled=not_refilled)
+        plan = dataclasses.replace(plain(), not_ahead=not_ahead, not_refilled=not_refilled)
     if plan.peak > device.shared_per_block:
         plan = _Planner(nest, name, frame, False, device).run()
     if plan.peak > device.shared_per_block:
@@ -354,9 +353,9 @@ def _why_not_ahead(plan: KernelPlan, nest: GridNest, device: DeviceSpec) -> str:
     as too large."""
     if not any(lp.streams is not None and lp.streams.ahead for lp in plan.loops.values()):
         return ""
-    if not all(isinstance(lp.extent, Const) for lp in nest.chain):
+    blocks = _grid_blocks(nest)
+    if blocks is None:
         return "its grid's size is a parameter (copies ahead only where all blocks fit at once)"
-    blocks = math.prod(int(lp.extent.value) for lp in nest.chain)
     resident = device.blocks_per_sm(plan.peak)
     if blocks <= device.sms * resident:
         return ""
@@ -372,16 +371,21 @@ def _why_not_refilled(plan: KernelPlan, nest: GridNest, device: DeviceSpec,
     none."""
     if not any(lp.streams is not None and lp.streams.refill for lp in plan.loops.values()):
         return ""
-    resident = device.blocks_per_sm(plan.peak)
-    if all(isinstance(lp.extent, Const) for lp in nest.chain):
-        blocks = math.prod(int(lp.extent.value) for lp in nest.chain)
-        if blocks <= device.sms * resident:
-            return ""
+    resident, blocks = device.blocks_per_sm(plan.peak), _grid_blocks(nest)
+    if blocks is not None and blocks <= device.sms * resident:
+        return ""
     base = device.blocks_per_sm(plain().peak)
     if resident >= base:
         return ""
     return (f"with one buffer per tile, its {plan.peak} bytes of shared memory would let {resident} blocks per SM "
             f"run at once ({base} without), and not all its blocks")
+
+
+def _grid_blocks(nest: GridNest) -> int | None:
+    """The number of blocks of ``nest``'s grid; None where its size is a parameter."""
+    if not all(isinstance(lp.extent, Const) for lp in nest.chain):
+        return None
+    return math.prod(int(lp.extent.value) for lp in nest.chain)
 
 
 def _heavy_first(nest: GridNest) -> str | None:

@@ -27,6 +27,10 @@ computed from registers and rounded once to the product's 16-bit type (the optio
 hi + lo keeps about 22 bits, where the reciprocal's extra rounding would show), a divisor that is a row vector
 of the loop's registers with a proven range, and the options' ``reciprocal_operands``.  Elsewhere the division
 stays; the plan records which, and why.
+
+**Constant divisors.**  A division by a constant ``c`` needs no proven range: :func:`reciprocal_constant` says
+where ``x · fl(1/c)`` may replace it (the options' ``reciprocal_constants``; the GPU printer applies it to any
+f32 division, the operators' tolerance notes carry the term).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+import numpy as np
 
 from polyfuse.emit_cpp.dotplan import LOW, Frame, mma_type, staging
 from polyfuse.ir.expr import BinOp, Const, Expr, Select
@@ -140,3 +146,20 @@ def _refusal(frame: Frame, s: TileStore, e: Dot, name: str, ranges: Mapping) -> 
 
 
 __all__ = ["RELATIVE_ERROR", "Reciprocal", "plan"]
+
+
+def reciprocal_constant(c: float) -> float | None:
+    """``fl32(1/c)`` where an f32 division by the constant ``c`` may be a multiplication by it (the options'
+    ``reciprocal_constants``): ``|c| > 1``, finite, not a power of two (that one divides exactly: nothing to
+    gain) and ``1/c`` normal in f32; else None.
+
+    Error: ``fl(x · fl(1/c))`` is off from ``x / c`` by a relative :data:`RELATIVE_ERROR` (two roundings
+    instead of one; absolutely below ``2^-149`` where the product is subnormal).  Why ``|c| > 1``: then
+    ``|fl(1/c)| <= 1`` and ``|x · fl(1/c)| <= |x|``, so the product overflows nowhere that the division does not;
+    ±0, ±inf and NaN in ``x`` give what the division gives."""
+    if not math.isfinite(c) or abs(c) <= 1.0 or abs(c) >= 1.0 / SMALLEST_NORMAL:
+        return None
+    mantissa, _ = math.frexp(abs(c))
+    if mantissa == 0.5:
+        return None
+    return float(np.float32(1.0) / np.float32(c))

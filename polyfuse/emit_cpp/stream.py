@@ -145,8 +145,8 @@ class StreamPlan:
         (the fewest of its tiles' :attr:`KeptTile.in_flight`); None otherwise."""
         if not self.refill:
             return None
-        readers = {t.key: t for t in self.kept}
-        mine = [readers[h] for k, h in self.held if k[0] == block] + [t for t in self.kept if t.key[0] == block]
+        tiles = {t.key: t for t in self.kept}
+        mine = [tiles[h] for k, h in self.held if k[0] == block] + [t for t in self.kept if t.key[0] == block]
         return min((t.in_flight for t in mine), default=0)
 
     def describe(self, offsets: Mapping[str, int]) -> list[str]:
@@ -307,17 +307,11 @@ def top(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
     next iteration's into those halves."""
     if not sp.ahead:
         return
-    var, t = sp.loop_var, em.widths.loop
+    var = sp.loop_var
     em.line("pf::cp_async_wait<0>();  // this iteration's tiles (copied during the previous one)")
     em.barrier()
-    em.open(f"if ({var} + 1 < {em.scalar(loop.extent, {})})")
-    em.line(f"const {t} pf_next = {var} + 1;")
-    em.open("")
-    em.line(f"const {t} {var} = pf_next;  // the next iteration's tiles")
-    _copy(em, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, var, x.half))
-    em.close()
-    em.close()
-    em.line("pf::cp_async_commit();")
+    _copy_next(em, sp, loop, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, var, x.half),
+               "the next iteration's tiles")
     em.published = sp.first
 
 
@@ -325,16 +319,24 @@ def refill(em: CudaEmitter, sp: StreamPlan, loop: Loop, block: str) -> None:
     """After statement ``block`` (and the barrier that ends it, past which no thread reads its tiles) in a loop
     whose tiles are refilled: the next iteration's copy of each tile ``block`` read last, one group each
     (committed at every iteration, empty at the last, so every reader's wait counts the same groups)."""
-    var, t = sp.loop_var, em.widths.loop
     for tile in (x for x in sp.refilled if x.last == block):
-        em.open(f"if ({var} + 1 < {em.scalar(loop.extent, {})})")
-        em.line(f"const {t} pf_next = {var} + 1;")
-        em.open("")
-        em.line(f"const {t} {var} = pf_next;  // the next iteration's tile, into the buffer {block} has read")
-        _copy(em, [tile], lambda x: x.buffer)
-        em.close()
-        em.close()
-        em.line("pf::cp_async_commit();")
+        _copy_next(em, sp, loop, [tile], lambda x: x.buffer,
+                   f"the next iteration's tile, into the buffer {block} has read")
+
+
+def _copy_next(em: CudaEmitter, sp: StreamPlan, loop: Loop, tiles: list[KeptTile],
+               buffer: Callable[[KeptTile], str], comment: str) -> None:
+    """The next iteration's copies of ``tiles`` into ``buffer(tile)`` (none after the last iteration: the loop
+    variable shadowed by its next value in a scope of its own), then one commit, made at every iteration."""
+    var, t = sp.loop_var, em.widths.loop
+    em.open(f"if ({var} + 1 < {em.scalar(loop.extent, {})})")
+    em.line(f"const {t} pf_next = {var} + 1;")
+    em.open("")
+    em.line(f"const {t} {var} = pf_next;  // {comment}")
+    _copy(em, tiles, buffer)
+    em.close()
+    em.close()
+    em.line("pf::cp_async_commit();")
 
 
 def _copy(em: CudaEmitter, tiles: list[KeptTile], buffer: Callable[[KeptTile], str]) -> None:
