@@ -15,12 +15,12 @@ from polyfuse import ops
 from polyfuse.emit_cpp import CUDA, CodegenOptions, emit, gpu_plan
 from polyfuse.errors import BackendUnavailable
 from polyfuse.ops.schedules import default_schedule
+from polyfuse.ops.variants import VARIANTS
 from polyfuse.pipeline import build
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.tiling import to_tiles
 
-VARIANTS = ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special")
 
 
 def _tiles(name: str, **sizes: int):
