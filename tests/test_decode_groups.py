@@ -54,12 +54,13 @@ def _check(op: ops.Operator, sizes: dict, run) -> None:
 # ------------------------------------------------------------------ the tiling rule
 
 @pytest.mark.parametrize(("name", "preset", "expected", "splits"), [
-    ("attn_mla_decode", "decode", DecodeTiling(16, 64, 1024), 32),
-    ("attn_mla_decode", "decode_b32", DecodeTiling(16, 64, 2048), 2),  # two waves of two blocks per SM
-    ("attn_gqa", "decode", DecodeTiling(8, 128, 1024), 32),
-    ("attn_softcap", "decode", DecodeTiling(2, 128, 1024), 32),
-    ("attn_causal", "decode", DecodeTiling(1, 128, 1024), 32),
-    ("attn_global", "decode_b32", DecodeTiling(1, 128, 4096), 1),
+    # MLA: 8 warps, one warp tile of 64 of the 576 columns each (the rule's cap; the value's 512 need 8 too)
+    ("attn_mla_decode", "decode", DecodeTiling(16, 64, 1024, warps=8), 32),
+    ("attn_mla_decode", "decode_b32", DecodeTiling(16, 64, 2048, warps=8), 2),  # two waves of two blocks per SM
+    ("attn_gqa", "decode", DecodeTiling(8, 128, 1024, warps=4), 32),
+    ("attn_softcap", "decode", DecodeTiling(2, 128, 1024, warps=4), 32),
+    ("attn_causal", "decode", DecodeTiling(1, 128, 1024, warps=4), 32),
+    ("attn_global", "decode_b32", DecodeTiling(1, 128, 4096, warps=4), 1),
 ])
 def test_tiling_rule_at_the_bench_presets(name, preset, expected, splits):
     sizes = ops.get(name).presets[preset]
@@ -84,6 +85,23 @@ def test_tiling_rule_follows_the_tuning_and_the_device():
     long_splits = GpuTuning(decode_min_split=4096, decode_short_split=4096)
     assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=long_splits).splits(32768) == 8
     assert gpu_decode_tiling(1, 128, 1, 32768, 576, tuning=GpuTuning(combine_columns=64)).columns == 64
+
+
+def test_decode_warps_cover_the_value_product_with_one_warp_tile_each():
+    # 1 or 16 query rows (one 16-row strip) of 128 value columns: two warp tiles, so the tuning's 4 warps.
+    assert gpu_decode_tiling(1, 16, 16, 32768, 64, value_dim=64).warps == 4
+    assert gpu_decode_tiling(1, 64, 4, 4096, 128, value_dim=128).warps == 4
+    # MLA's 512 value columns need 8 warp tiles of 64 (else its accumulators leave registers); never more than
+    # the device's default of 8, nor fewer than the tuning asks.
+    assert gpu_decode_tiling(1, 16, 1, 32768, 576, value_dim=512).warps == 8
+    assert gpu_decode_tiling(1, 32, 1, 32768, 128, value_dim=1024).warps == 8
+    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=64, tuning=GpuTuning(decode_warps=8)).warps == 8
+    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=512, tuning=GpuTuning(warps=2)).warps == 2
+    # The schedule asks every kernel (partials and combine) for those warps.
+    op = ops.get("attn_global")
+    sizes = {**op.sizes("decode"), "Skv": 4096}
+    sch = default_schedule("attn_global", "decode", op.program("decode", **sizes), target="cuda")
+    assert [launch.threads for launch in emit(to_tiles(sch.program), TWO_LAUNCHES).launches] == [128, 128]
 
 
 def test_splits_divide_the_tiles_and_aim_at_two_waves_of_resident_blocks():

@@ -473,10 +473,10 @@ def test_a_masked_tile_is_not_shared():
 def test_staging_skips_the_padding_rows_of_a_single_query_row():
     # Decode's one query row is padded to 16 rows for m16n8k16; only the real row is staged (the other
     # rows' results are dropped): q's 128 elements in 16 groups of 8, P's 32 (one row of a 32-key tile),
-    # not 16 times as many.
+    # not 16 times as many.  (4 warps: GpuTuning.decode_warps.)
     text = emit(_tiles("attn_global", "decode", B=1, Skv=64, D=128, Dv=128), CUDA).text
-    assert "for (int pf_g = pf_tid; pf_g < 16; pf_g += 256)" in text
-    assert "for (int pf_e = pf_tid; pf_e < 32; pf_e += 256)" in text
+    assert "for (int pf_g = pf_tid; pf_g < 16; pf_g += 128)" in text
+    assert "for (int pf_e = pf_tid; pf_e < 32; pf_e += 128)" in text
     assert "pf_g < 256;" not in text and "pf_e < 512;" not in text
 
 
@@ -675,9 +675,11 @@ def test_rolling_statistics_are_one_row_group():
     # rolling row sum are one pass (the row sum moved ahead of the independent value product), 16 lanes per
     # head reducing by shuffles; lane 0 stores after a warp barrier.  Five block barriers per key tile (the
     # first, at its top, publishes the tiles copied ahead) instead of ten, and the product's repair factor is
-    # computed per fragment row, not in a pass of its own.
+    # computed per fragment row, not in a pass of its own.  (8 warps of 32 threads: 16 for each of 16 heads.)
     sizes = ROW_GROUP_CASES[0][2]
-    loop = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA).text, "for (int j_1 = 0;")
+    eight = GpuTuning(decode_warps=8)
+    loop = _loop_body(emit(_tiles("attn_mla_decode", "decode", tuning=eight, **sizes), CUDA).text,
+                      "for (int j_1 = 0;")
     assert "// row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf\n" in loop
     assert loop.index("// row group:") < loop.index("// pv_rf\n")
     group = _statement(loop, "row group: row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf")
@@ -686,8 +688,8 @@ def test_rolling_statistics_are_one_row_group():
     assert group.index("pf::syncwarp();") < group.index("if (pf_rl == 0 && pf_rr < 16) {")
     assert loop.count("__syncthreads();") == 5
     assert not re.search(r"pf_t\d+\[pf_e\] = exp\(", loop)
-    plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", **sizes), CUDA.with_options(row_groups=False)).text,
-                       "for (int j_1 = 0;")
+    plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", tuning=eight, **sizes),
+                            CUDA.with_options(row_groups=False)).text, "for (int j_1 = 0;")
     assert "// row group" not in plain and plain.count("__syncthreads();") == 10
 
 

@@ -248,12 +248,18 @@ def staging(frame: Frame, e: Dot) -> tuple[Staged, Staged]:
     return out[0], out[1]
 
 
+WARP_TILE_COLUMNS = 64
+"""The widest warp tile of a tensor-core dot (eight m16n8 tiles): an output with more columns per 16-row
+strip than the warps cover this way gives a warp several tiles (and no register accumulators)."""
+
+
 def warp_tiling(frame: Frame, mp: int, np_: int) -> tuple[int, int, int]:
     """How the warps cover an ``mp × np_`` output: ``mtiles`` strips of 16 rows, each in ``groups``
     groups of ``per`` 8-column tiles; warp ``w`` takes tiles ``w, w + warps, …`` (``t → (t / groups,
-    t % groups)``).  ``per`` is the largest power of two up to 8 that still gives every warp a tile."""
+    t % groups)``).  ``per`` is the largest power of two up to 8 (:data:`WARP_TILE_COLUMNS`) that still
+    gives every warp a tile."""
     mtiles, ntiles = mp // 16, np_ // 8
-    per = min(ntiles, 8)
+    per = min(ntiles, WARP_TILE_COLUMNS // 8)
     while per > 1 and mtiles * -(-ntiles // per) < frame.warps:
         per //= 2
     return mtiles, -(-ntiles // per), per

@@ -53,6 +53,15 @@ class GpuTuning:
     product), before the shared-memory budget below shrinks it.  Measured on the H200 (attn_global decode
     B=32 H=64 Skv=4096, ms): 64 1.59, 128 1.27, 256 1.52; 2 splits of 2048 keys instead of none 1.33.
     MLA decode B=32 with 16 warps instead of 8: 0.643 against 0.670 ms (left at 8)."""
+    decode_warps: int = 4
+    """Fewest warps per thread block of the mma.sync decode kernels (the split partials and their combine; the
+    warpgroup-row schedule keeps the code generator's): more only where the value product's output needs them
+    for one warp tile each (:func:`~polyfuse.ops.schedules.gpu_decode_tiling`).  A decode block's score tile
+    has one to sixteen rows, so its products, reductions and element loops give few warps work each, while
+    every barrier of its loop waits for all of them.  Measured on the H200 against 8 warps (one process each, same
+    inputs, two runs: benchmarks/results/2026-11-28_H200_4fa1584_decode_warps): softcap decode 1.38–1.40× faster,
+    window 1.09–1.10×, global 1.03–1.05×, norm_inside 1.02–1.03×, causal, ALiBi and global B=32 1.01×, GQA 0.995×;
+    MLA (dv 512) 0.47× with 4, its value accumulators no longer in registers — hence the rule's exception."""
     decode_tile_bytes: int = 80 * 1024
     """Shared memory for the f16 key tile (keys × (qk dim + 8 padding) × 2 bytes): the tile halves until it fits
     (MLA, qk dim 576: 64 keys; qk dim 128: 128 keys), and until the key tile and the query rows fit in what one

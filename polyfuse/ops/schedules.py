@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 from polyfuse.device import DeviceSpec, for_backend
 from polyfuse.emit_cpp import Target, gpu_plan
+from polyfuse.emit_cpp.dotplan import WARP_TILE_COLUMNS
 from polyfuse.emit_cpp.onchip import RowsOnChip
 from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.errors import PolyfuseError, UnsupportedPattern
@@ -95,6 +96,8 @@ class DecodeTiling:
     value_columns: int = 0
     """Where nonzero, the heads of a block are the rows of warpgroups and each block computes this many value
     columns (dv) of its heads, the scores recomputed per value tile (:func:`_attention_decode_warpgroups`)."""
+    warps: int = 0
+    """Warps per thread block of the partial and combine kernels (0: the code generator's default)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
@@ -127,7 +130,11 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     4. waves: where another count, up to twice that one and within the bounds above, fills the last wave of
        resident partial blocks (``DeviceSpec.resident_blocks``: by shared memory and threads) by
        ``decode_wave_gain`` percentage points better, the count nearest it among the best
-       (:func:`wave_splits`); the busy fraction is kept in :attr:`DecodeTiling.efficiency`.
+       (:func:`wave_splits`); the busy fraction is kept in :attr:`DecodeTiling.efficiency`;
+    5. warps (decided before the waves, which count threads): ``tuning.warps`` where set, else
+       ``decode_warps``, or more where the value product's output (the padded rows × ``value_dim``) needs more
+       warps for one warp tile of at most ``WARP_TILE_COLUMNS`` columns each (so that its accumulators stay in
+       registers: MLA's 512 value columns take 8 warps), never more than the device's default.
 
     Before these rules, :func:`warpgroup_decode_tiling` (with ``value_dim``, the value columns).
     """
@@ -154,13 +161,15 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     splits = max(1, min(-(-blocks // units), longest))
     if keys % tile == 0:
         splits = max(d for d in range(1, splits + 1) if tiles % d == 0)
-    threads = (t.warps or device.default_warps) * device.warp_size
+    warps = t.warps or max(t.decode_warps, min(rows // 16 * -(-(value_dim or qk_dim) // WARP_TILE_COLUMNS),
+                                               device.default_warps))
+    threads = warps * device.warp_size
     wave = device.sms * device.resident_blocks((tile + rows) * row_bytes, threads)
     allowed = [s for s in range(1, min(longest, 2 * splits) + 1) if keys % tile or tiles % s == 0]
     splits = wave_splits(units, splits, allowed, wave, t.decode_wave_gain)
     split = -(-keys // splits)
     return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
-                        wave_efficiency(units * splits, wave))
+                        wave_efficiency(units * splits, wave), warps=warps)
 
 
 WARPGROUP_ROWS = 64
@@ -260,6 +269,8 @@ def _attention_decode_gpu(sch: Schedule, tiling: DecodeTiling | None = None, *, 
     sch.reverse_compute_at("out", (grid or [i])[-1])
     if split is not None:
         _spread_combine(sch, (grid or [i])[-1], t.columns)
+    if t.warps:
+        _ask_warps(sch, t.warps)
 
 
 def _keys_in_steps(sch: Schedule, j: LoopRef, outer: list[LoopRef], rows: list[LoopRef], t: DecodeTiling,
