@@ -396,10 +396,10 @@ def test_refilled_tiles_are_copied_after_their_last_reader_and_waited_for_by_cou
     # Global decode with refills: k and v (and the invariant q, with k) copied before the loop, one group each;
     # k refilled with the next iteration's tile after the score's closing barrier, v after pv's; each dot waits
     # with one group still in flight (the other tile's), then publishes; every refill commits, also at the last
-    # iteration, and the loop drains after.
+    # iteration, and the loop drains after.  (The row statistics, one group, come between the two products.)
     text = emit(_tiles("attn_global", "decode", B=1, Hq=16, Hkv=16, Skv=32768, D=64, Dv=64), CUDA).text
-    loop = text[text.index("for (int j_1 = 0;"):]
-    before = text[:text.index("for (int j_1 = 0;")]
+    loop = _loop_body(text, "for (int j_1 = 0;")
+    before, after = text[:text.index(loop)], text[text.index(loop) + len(loop):]
     assert before.count("pf::cp_async_commit();") == 2 and before.count("pf::cp_async16(") == 3
     assert loop.count("pf::cp_async_wait<1>();") == 2 and loop.count("pf::cp_async_commit();") == 2
     score, pv = _statement(loop, "score"), _statement(loop, "pv_rf")
@@ -409,8 +409,8 @@ def test_refilled_tiles_are_copied_after_their_last_reader_and_waited_for_by_cou
         assert "cp_async16" not in dot.split("if (j_1 + 1 < (8))")[0]  # the dot copies nothing itself
         assert re.search(r"__syncthreads\(\);\s*if \(j_1 \+ 1 < \(8\)\) \{\s*const int pf_next = j_1 \+ 1;"
                          r"\s*\{\s*const int j_1 = pf_next;\s*$", dot)
-        assert f"&{tensor}[" in refill and refill.rstrip().endswith("pf::cp_async_commit();")
-    assert "pf::cp_async_wait<0>();" in loop[loop.index("// row_sum_rf\n"):]
+        assert f"&{tensor}[" in refill and refill.rstrip().removesuffix("}").rstrip().endswith("pf::cp_async_commit();")
+    assert "pf::cp_async_wait<0>();" in after
 
 
 @pytest.mark.parametrize(("name", "mode"), [("attn_global", "decode"), ("attn_causal", "decode"),
@@ -481,11 +481,12 @@ def test_staging_skips_the_padding_rows_of_a_single_query_row():
 
 
 def _statement(text: str, block: str) -> str:
-    """The generated code of one tile statement (from its ``// block`` comment to the next one)."""
+    """The generated code of one tile statement (from its ``// block`` comment to the next statement's or row
+    group's)."""
     import re
 
     start = text.index(f"// {block}\n")
-    end = re.compile(r"^\s*// \w+$", re.M).search(text, start + len(block) + 4)
+    end = re.compile(r"^\s*// (\w+|row group: .*)$", re.M).search(text, start + len(block) + 4)
     return text[start:end.start() if end else None]
 
 
@@ -691,6 +692,26 @@ def test_rolling_statistics_are_one_row_group():
     plain = _loop_body(emit(_tiles("attn_mla_decode", "decode", tuning=eight, **sizes),
                             CUDA.with_options(row_groups=False)).text, "for (int j_1 = 0;")
     assert "// row group" not in plain and plain.count("__syncthreads();") == 10
+
+
+@pytest.mark.parametrize(("name", "sizes", "rows"), [
+    ("attn_global", {"B": 1, "Skv": 4096, "D": 64, "Dv": 64}, "one row"),
+    ("attn_softcap", {"Skv": 2048}, "2 rows of ax0")])
+def test_few_rows_are_a_row_group_of_a_warp_each(name, sizes, rows):
+    # Decode's one query row (two for softcap's pairs of heads): the statistics of a key tile in one pass, a
+    # warp per row whose lanes play the block's threads (the same order as the block's reduction, no shared
+    # memory): one barrier where the statement-by-statement code has eight or ten.
+    tiles = _tiles(name, "decode", **sizes)
+    plan = str(gpu_plan(tiles, CUDA)[1])
+    assert f"row group row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf: {rows}, 32 lanes each" in plan
+    loop = _loop_body(emit(tiles, CUDA).text, "for (int j_1 = 0;")
+    plain = _loop_body(emit(tiles, CUDA.with_options(row_groups=False)).text, "for (int j_1 = 0;")
+    assert plain.count("__syncthreads();") - loop.count("__syncthreads();") >= 7
+    # A row kernel's chunk longer than the block has threads (4096 elements rolled in chunks of 2048) keeps the
+    # block's reduction; a short row (40) is a group.
+    rolled = CUDA.with_options(rows_on_chip=False)
+    assert "row group" not in str(gpu_plan(_tiles("softmax", "default", M=4096), rolled)[1])
+    assert "row group s_max: one row, 32 lanes each" in str(gpu_plan(_tiles("softmax", "default"), rolled)[1])
 
 
 def test_row_group_forwards_values_in_registers():

@@ -74,23 +74,28 @@ def test_presplit_operands_match_numpy(loader, name, sizes, split):
 @pytest.mark.parametrize(("name", "mode", "sizes"), [
     ("attn_mla_decode", "decode", {"H": 16, "Skv": 4096, "Dv": 64, "Drope": 16}),
     ("attn_causal", "prefill", {"Sq": 128, "Skv": 128}), ("attn_gqa", "decode", {"Hq": 32, "Hkv": 2, "Skv": 256}),
-    ("quant_gemm", "default", {"M": 128, "K": 192, "N": 128}), ("softmax", "default", {})])
+    ("quant_gemm", "default", {"M": 128, "K": 192, "N": 128}), ("softmax", "default", {}),
+    # one query row (a warp per row, each lane playing four of the block's threads) and two
+    ("attn_global", "decode", {"B": 1, "Skv": 4096, "D": 64, "Dv": 64}), ("attn_causal", "decode", {"Skv": 1024}),
+    ("attn_softcap", "decode", {"Skv": 2048})])
 def test_row_groups_give_the_same_bits(name, mode, sizes):
     # A run of row statements computed in one pass (polyfuse.emit_cpp.rows) evaluates the same expressions
     # in the same order as the statement-by-statement code: the outputs are bit for bit those without it,
-    # and match NumPy.  (Sizes without padding: a masked statement is not part of a row group.)
-    # (attention's key loop in warp fragments has no row statements: the shared-memory path is compared)
+    # and match NumPy, on every input variant.  (Sizes without padding: a masked statement is not part of a
+    # row group.)  (attention's key loop in warp fragments has no row statements: the shared-memory path is
+    # compared)
     op, sizes, grouped = _kernel(name, mode, codegen=CodegenOptions(fragment_loops=False), **sizes)
     _, _, plain = _kernel(name, mode, codegen=CodegenOptions(row_groups=False, fragment_loops=False), **sizes)
     assert ("// row group:" in grouped.kernel_source.text) == (name != "softmax")
     assert "// row group:" not in plain.kernel_source.text
     for magnitude in op.magnitudes:
-        inputs = op.inputs(4, mode, sizes, magnitude)
-        a, b = grouped.run(inputs), plain.run(inputs)
-        for key in a:
-            assert np.array_equal(a[key], b[key], equal_nan=True), f"{key} at magnitude {magnitude:g}"
-        result = ops.compare(a, op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
-        assert result.ok, f"magnitude {magnitude:g}: {result.line()} worst {result.worst}"
+        for variant in VARIANTS:
+            inputs = op.inputs(4, mode, sizes, magnitude, variant)
+            a, b = grouped.run(inputs), plain.run(inputs)
+            for key in a:
+                assert np.array_equal(a[key], b[key], equal_nan=True), f"{key} at magnitude {magnitude:g}, {variant}"
+            result = ops.compare(a, op.reference(inputs, mode, sizes), op.tolerance(mode, sizes))
+            assert result.ok, f"magnitude {magnitude:g}, {variant}: {result.line()} worst {result.worst}"
 
 
 _MLA_576 = {"H": 16, "Skv": 2048, "Dv": 512, "Drope": 64}
