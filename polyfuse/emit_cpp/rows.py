@@ -73,7 +73,8 @@ class RowGroup:
 
 
 def row_axis(frame: Frame, s: Stmt) -> tuple[str, int] | None:
-    """``(axis, rows)`` if ``s`` is a row statement the block can compute in a row group, else None."""
+    """``(axis, rows)`` if ``s`` is a row statement the block can compute in a row group, else None; a statement
+    with no tile axis (one row per block) is ``("", 1)``."""
     if not isinstance(s, TileStore) or s.mask is not None or s.reducer is not None:
         return None
     axes = [i for i in s.index if isinstance(i, Slice)]
@@ -108,10 +109,14 @@ def _lanes(frame: Frame, rows: int, longest: int = 0) -> int | None:
     pay two barriers and a thread-0 pass each; longer ones (a row kernel's chunk) keep the whole block."""
     if rows > frame.threads:
         return None
-    lanes = min(frame.warp, reduce_lanes(frame.threads, rows))
+    lanes = _lanes_per_row(frame, rows)
     if rows * lanes * 4 >= frame.threads * 3:
         return lanes
     return lanes if lanes == frame.warp and longest <= frame.threads else None
+
+
+def _lanes_per_row(frame: Frame, rows: int) -> int:
+    return min(frame.warp, reduce_lanes(frame.threads, rows))
 
 
 def _independent(a: Stmt, b: Stmt) -> bool:
@@ -146,7 +151,7 @@ def split(frame: Frame, stmts: list[Stmt]) -> list[Stmt | RowGroup]:
     def flush() -> None:
         if run:
             assert key is not None
-            lanes = min(frame.warp, reduce_lanes(frame.threads, key[1]))
+            lanes = _lanes_per_row(frame, key[1])
             out.append(RowGroup(tuple(run), key[0], key[1], lanes))
         run.clear()
 
@@ -191,7 +196,8 @@ def emit(em: CudaEmitter, row_group: RowGroup) -> None:
     env = {}
     if axis:
         row = axis_var(axis)
-        em.line(f"const int {row} = pf_rr < {rows} ? pf_rr : {rows - 1};  // lanes past the rows repeat the last")
+        em.line(f"const int {row} = pf_rr;" if idle else
+                f"const int {row} = pf_rr < {rows} ? pf_rr : {rows - 1};  // lanes past the rows repeat the last")
         env = {axis: row}
     forwarded: list = []
     values: list[tuple[TileStore, str]] = []

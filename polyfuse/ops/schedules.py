@@ -601,12 +601,13 @@ def _ask_warps(sch: Schedule, warps: int) -> None:
 
     Each top-level loop becomes one kernel (or, split-k, a partial and a combine kernel that both start
     with it), and the grid stage reads the annotation from a kernel's grid loops, outermost first: so the
-    top-level loops are the ones annotated.
+    top-level loops are the ones annotated; one that already asks for as many (decode's tiling, from the same
+    tuning) is left as it is.
     """
     from polyfuse.transforms.tree import blocks_under
 
     for stmt in _top_level(sch.program.body):
-        if isinstance(stmt, Loop) and (blocks := blocks_under(stmt)):
+        if isinstance(stmt, Loop) and (blocks := blocks_under(stmt)) and ("warps", warps) not in stmt.annotations:
             sch.warps(LoopRef(blocks[0].name, stmt.var.name), warps)
 
 
