@@ -1,6 +1,7 @@
 """Rows kept on chip (:mod:`polyfuse.emit_cpp.onchip`): which row kernels keep their rows in registers and
 which roll over chunks (and why), that their CUDA compiles warning-free for sm_90a, and, on a GPU (marked
-``gpu``), that they match the rolling kernels and NumPy on every input variant."""
+``gpu``), that they and the rolling kernels match NumPy on every input variant (NaN where the rolling kernels
+have it)."""
 
 from __future__ import annotations
 
@@ -165,10 +166,12 @@ def test_on_chip_rows_match_rolling_and_numpy(name, length):
         for magnitude in op.magnitudes:
             inputs = op.inputs(1, "default", sizes, magnitude, variant=variant)
             a, b = on_chip.run(inputs), rolling.run(inputs)
-            result = ops.compare(a, op.reference(inputs, "default", sizes), tol)
-            assert result.ok, f"{variant} magnitude {magnitude:g}: {result.line()} worst {result.worst}"
-            same = ops.compare(a, b, tol)
-            assert same.ok, f"{variant} against rolling: {same.line()}"
+            ref = op.reference(inputs, "default", sizes)
+            # Each kernel within the tolerance of the reference (the two may differ by twice it: a layernorm
+            # variance of 7 elements near the offset 1e4 did, both within it).
+            for kernel, got in (("on chip", a), ("rolling", b)):
+                result = ops.compare(got, ref, tol)
+                assert result.ok, f"{kernel}, {variant} magnitude {magnitude:g}: {result.line()} worst {result.worst}"
             for out in a:  # NaN and inf where the rolling kernel has them
                 np.testing.assert_array_equal(np.isnan(np.asarray(a[out], dtype=np.float64)),
                                               np.isnan(np.asarray(b[out], dtype=np.float64)))

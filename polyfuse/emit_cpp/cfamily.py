@@ -223,9 +223,9 @@ class CFamilyEmitter:
             return self.scalar(e.tile, {**env, e.axis: "0"})
         if isinstance(e, BinOp):
             d = self.widths.index_dtype(e.a.dtype) if is_index(e) else e.a.dtype
-            inverse = self.divisor_inverse(e)
+            inverse = self.divisor_inverse(e, d)
             if inverse is not None:
-                return self.binop("*", self.scalar(e.a, env), self.literal(inverse, d), d)
+                return self.binop("*", self.scalar(e.a, env), inverse, d)
             return self.binop(e.op, self.scalar(e.a, env), self.scalar(e.b, env), d)
         if isinstance(e, Call):
             return self.call(e.fn, self.scalar(e.args[0], env), e.dtype)
@@ -236,9 +236,9 @@ class CFamilyEmitter:
             return self.convert(self.scalar(e.value, env), e.value.dtype, e.type)
         raise InternalError(f"C emitter: unknown expression node {type(e).__name__}")
 
-    def divisor_inverse(self, e: BinOp) -> float | None:
-        """The constant to multiply by instead of dividing by ``e``'s constant divisor, or None: divide (the
-        host C++ backend always divides, as the program says)."""
+    def divisor_inverse(self, e: BinOp, d: DType) -> str | None:
+        """The text of what to multiply by instead of dividing by ``e``'s divisor, or None: divide (the host
+        C++ backend always divides, as the program says)."""
         return None
 
     def gather_checks(self, e: TileLoad, env: dict[str, str]) -> str:

@@ -54,7 +54,7 @@ from polyfuse.tiling.gpu import GpuProgram
 from polyfuse.tiling.grid import MAP
 from polyfuse.tiling.parallel import unit_loop
 from polyfuse.tiling.htile import (
-    Dot, Reduce, Slice, TileLoad, TileStore, axes_of, has_gathers, walk_tile_expr,
+    Broadcast, Dot, Reduce, Slice, TileLoad, TileStore, axes_of, has_gathers, walk_tile_expr,
 )
 
 class CudaEmitter(VectorLanes, CFamilyEmitter):
@@ -93,6 +93,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.pitches: dict[str, tuple[int, int]] = {}
         """(dimension, row pitch in elements) of the shared temporaries whose rows are padded."""
         self.overrides: dict[Expr, str] = {}
+        self.inverses: dict[Expr, str] = {}
+        """Divisors whose reciprocal a register holds (the rows-on-chip plan's): ``x / d`` prints as ``x * r``."""
         """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
@@ -152,13 +154,19 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.line(f"#pragma unroll {self.options.element_unroll}")
         self.open(header)
 
-    def divisor_inverse(self, e: BinOp) -> float | None:
+    def divisor_inverse(self, e: BinOp, d: DType) -> str | None:
         """``fl(1/c)`` for an f32 division by a constant ``c`` where the options' ``reciprocal_constants`` allow
-        (:func:`~polyfuse.emit_cpp.reciprocal.reciprocal_constant`)."""
-        if (not self.options.reciprocal_constants or e.op != "/" or e.dtype != dt.f32
-                or not isinstance(e.b, Const)):
+        (:func:`~polyfuse.emit_cpp.reciprocal.reciprocal_constant`); the register holding ``rcp_rz`` of a
+        divisor a row kernel's plan divides by its reciprocal (:func:`~polyfuse.emit_cpp.onchip.emit`)."""
+        if e.op != "/" or e.dtype != dt.f32:
             return None
-        return reciprocal_constant(float(e.b.value))
+        divisor = e.b.tile if isinstance(e.b, Broadcast) else e.b
+        if divisor in self.inverses:
+            return self.inverses[divisor]
+        if not self.options.reciprocal_constants or not isinstance(e.b, Const):
+            return None
+        inverse = reciprocal_constant(float(e.b.value))
+        return None if inverse is None else self.literal(inverse, d)
 
     def barrier(self) -> None:
         """A block barrier; none right after another at the same place (nothing between them to order)."""

@@ -38,18 +38,21 @@ warps (down to one warp per row: no shared memory and no block barrier at all).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16
 from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.emit_cpp.reciprocal import RowDivision, row_divisions
 from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned, chunks
 from polyfuse.ir.expr import BinOp, Const, Expr
 from polyfuse.ir.stmt import Seq, Stmt
 from polyfuse.tiling.htile import (
     Dot, Iota, Reduce, Slice, TileLoad, TileStore, axes_of, tile_children, walk_tile_expr,
 )
+from polyfuse.transforms.ranges import ValueRange
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -123,6 +126,8 @@ class RowsOnChip:
     """The resident blocks per SM the register budget is for: 2, or 1 where row tiles had to go to shared memory."""
     async_copy: bool = False
     """Row tiles in shared memory are filled by ``cp.async`` (no registers in between), else by vector copies."""
+    divisions: tuple[RowDivision, ...] = ()
+    """Each per-element division by a value of the row: by its reciprocal once per row, or divided, and why."""
 
     @property
     def kept(self) -> frozenset[str]:
@@ -150,6 +155,7 @@ class RowsOnChip:
         for c in combines:
             what = ", ".join(f"{b}" + (f" (level {k})" if k else "") for b, k in c.items)
             lines.append(f"    combine {what}: {c.nbytes} bytes of partials at {c.at}")
+        lines.extend(f"  division {d.describe()}" for d in self.divisions)
         return lines
 
 
@@ -205,14 +211,16 @@ def body_stores(body: Stmt) -> list[TileStore] | None:
 
 
 def plan(stores: list[TileStore] | None, threads: int, warp: int, shared_names: frozenset[str],
-         device: DeviceSpec, options: CodegenOptions, take) -> RowsOnChip | str:
+         device: DeviceSpec, options: CodegenOptions, take, ranges: Mapping[str, ValueRange]) -> RowsOnChip | str:
     """The on-chip plan of a block kernel's body ``stores``, or why its rows stay in memory.  ``take(nbytes)``
     allocates shared memory for the row tiles placed there and for the partials of each block reduction.
 
     Where the row tiles fit the register budget of two resident blocks per SM (:func:`register_budget`), they
     all live in registers.  Otherwise the budget of one block per SM keeps as many tiles as it holds in
     registers, in program order, and the rest live in shared memory, if the block may have that much
-    (:data:`SHARED_RESERVE` left to the rest of the kernel); else the rows stay in memory."""
+    (:data:`SHARED_RESERVE` left to the rest of the kernel); else the rows stay in memory.  ``ranges``: the
+    program's range facts, for the divisions by a value of the row
+    (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`)."""
     if not options.rows_on_chip:
         return "off (CodegenOptions.rows_on_chip)"
     if stores is None:
@@ -232,7 +240,8 @@ def plan(stores: list[TileStore] | None, threads: int, warp: int, shared_names: 
                                          for t in in_shared if t.loaded)
     steps = _steps(stores, threads, warp, take)
     return RowsOnChip(tuple(stores), length, vec, slots, threads, tuple(placed), tuple(steps), registers, budget,
-                      blocks, async_copy and any(t.loaded for t in in_shared))
+                      blocks, async_copy and any(t.loaded for t in in_shared),
+                      row_divisions(stores, ranges, options.reciprocal_rows))
 
 
 def register_budget(device: DeviceSpec, options: CodegenOptions, threads: int, blocks: int) -> int:
@@ -417,6 +426,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         ", one block per SM" if rows.blocks_per_sm == 1 else "")
     em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
     em.materialized = {}
+    em.inverses = {}
     state = _State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
     for t in rows.tiles:
         name = state.arrays[(t.tensor, t.index)]
@@ -431,6 +441,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         if isinstance(step, Accumulate):
             s = stores[step.block]
             _overrides(em, state, s)
+            _reciprocals(em, state, s)
             state.partials[(step.block, step.level)] = _accumulate(em, state, levels(s)[step.level])
         elif isinstance(step, Combine):
             _combine(em, state, step)
@@ -441,6 +452,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         else:
             _scalar_store(em, state, step)
         em.overrides.clear()
+    em.inverses = {}
 
 
 def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> None:
@@ -449,6 +461,7 @@ def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> N
     rows = state.rows
     tile = state.tile(step)
     _overrides(em, state, step)
+    _reciprocals(em, state, step)
     axis = next(i.axis for i in step.index if isinstance(i, Slice))
     arr = state.arrays[key]
     target = f"{arr}_v[pf_v]" if tile.in_shared else f"{arr}[pf_k * {rows.vec} + pf_v]"
@@ -625,6 +638,19 @@ def _overrides(em: CudaEmitter, state: _State, s: TileStore) -> None:
                 em.overrides[n] = state.scalars[(n.tensor.name, n.index)]
         elif isinstance(n, Reduce) and first_row(n):
             em.overrides[n] = "true"
+
+
+def _reciprocals(em: CudaEmitter, state: _State, s: TileStore) -> None:
+    """``rcp_rz`` of each divisor of ``s`` the plan divides by its reciprocal, once per row, where every
+    reduction it reads is complete (a divisor of a later level waits for its own step)."""
+    for d in state.rows.divisions:
+        if not d.chosen or d.block != s.block or d.divisor in em.inverses:
+            continue
+        if any(_is_reduction(n) and n not in state.results for n in walk_tile_expr(d.divisor)):
+            continue
+        reg = em.fresh("rcp")
+        em.line(f"const float {reg} = pf::rcp_rz({em.scalar(d.divisor, {})});")
+        em.inverses[d.divisor] = reg
 
 
 def _accumulate(em: CudaEmitter, state: _State, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:

@@ -70,6 +70,11 @@ class CodegenOptions:
     of two is ``x · fl(1/c)`` (:func:`~polyfuse.emit_cpp.reciprocal.reciprocal_constant`: one rounding more, a
     relative ``2^-23 + 2^-48`` instead of ``2^-24``, in the tolerance notes of the operators that divide so; no
     overflow, since ``|fl(1/c)| <= 1``); a power of two divides exactly either way; off: an IEEE division.
+    ``reciprocal_rows``: in a kernel whose rows stay on chip, an f32 division of every element by a value of
+    the row whose finite non-zero values are proven to lie within ``[2^-126, 2^126]`` in magnitude is
+    ``x · rcp_rz(d)``, ``1/d`` rounded toward zero once per row (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`:
+    a relative ``2^-23 + 2^-24`` instead of ``2^-24``, in the tolerance notes; no overflow the division does not
+    have); off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``overlap_products``: there, the product whose ``a`` the loop computes (attention's P·V) is issued one
@@ -131,6 +136,7 @@ class CodegenOptions:
     round_operands: bool = True
     reciprocal_operands: bool = True
     reciprocal_constants: bool = True
+    reciprocal_rows: bool = True
     prefetch: bool = True
     reduce_chains: int = 4
     warpgroup_products: bool = True

@@ -482,7 +482,8 @@ class _Planner:
 
     def rows_on_chip(self, stores: list[TileStore] | None, take: Callable[[int], int]) -> onchip.RowsOnChip | str:
         f = self.frame
-        return onchip.plan(stores, f.threads, f.warp, frozenset(self.nest.shared), self.device, f.options, take)
+        return onchip.plan(stores, f.threads, f.warp, frozenset(self.nest.shared), self.device, f.options, take,
+                           f.ranges)
 
     # ------------------------------------------------------------ statements
     def stmt(self, s: Stmt) -> None:

@@ -28,6 +28,19 @@ hi + lo keeps about 22 bits, where the reciprocal's extra rounding would show), 
 of the loop's registers with a proven range, and the options' ``reciprocal_operands``.  Elsewhere the division
 stays; the plan records which, and why.
 
+**Row divisors in rows on chip.**  A kernel whose rows stay on chip (:mod:`~polyfuse.emit_cpp.onchip`) divides
+every element of its row by a value of the row (``sum_sum``'s ``sqrt(max(m - 10, 1))``, a norm's
+``sqrt(var + eps)``, softmax's denominator): one IEEE division per element, a dozen instructions each, where the
+row is loaded once and the kernel should be bound by memory.  :func:`row_divisions` plans ``x · r`` with
+``r = rcp_rz(d)``, ``1/d`` rounded toward zero once per row, where the finite non-zero values of ``d`` are proven
+(:func:`finite_bounds`, an interval evaluation in f32 over the kernel's statements, the tensors' signs and the
+range facts) to lie in ``[2^-126, 2^126]`` in magnitude.  Then ``1/d`` is a normal number and
+``|r| <= |1/d|`` with a relative error below ``2^-23``, so ``fl(x·r)`` is off from ``x/d`` by a relative
+:data:`ROW_RELATIVE_ERROR` (the division's: ``2^-24``), absolutely at most ``2^-149`` more where the product is
+subnormal, and — ``|x·r| <= |x/d|`` and rounding is monotone — it overflows nowhere the division does not.
+±0, ±inf and NaN divisors give what the division gives (the special divisors above; ``rcp_rz`` of them is exact).
+The operators' tolerance notes carry the term.
+
 **Constant divisors.**  A division by a constant ``c`` needs no proven range: :func:`reciprocal_constant` says
 where ``x · fl(1/c)`` may replace it (the options' ``reciprocal_constants``; the GPU printer applies it to any
 f32 division, the operators' tolerance notes carry the term).
@@ -35,22 +48,31 @@ f32 division, the operators' tolerance notes carry the term).
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from polyfuse.emit_cpp.dotplan import LOW, Frame, mma_type, staging
-from polyfuse.ir.expr import BinOp, Const, Expr, Select
+from polyfuse.ir import dtypes as dt
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, TileLoad, TileStore, axes_of, axis_sizes, map_tile_expr, walk_tile_expr,
+    Broadcast, Dot, Permute, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, map_tile_expr,
+    tile_expr_str, walk_tile_expr,
 )
+from polyfuse.transforms.ranges import ValueRange
 
 RELATIVE_ERROR = 2.0 ** -23 + 2.0 ** -48
 """The relative error of ``fl(x · fl(1/d))`` against ``x/d`` (the module docstring), before the 16-bit rounding."""
 SMALLEST_NORMAL = 2.0 ** -126
 """f32's smallest normal number: ``1/d`` must be at least this for its error to be relative."""
+ROW_RELATIVE_ERROR = 2.0 ** -23 + 2.0 ** -24 + 2.0 ** -47
+"""The relative error of ``fl(x · rcp_rz(d))`` against ``x/d``: ``(1 + 2^-23)(1 + 2^-24) − 1`` (module docstring)."""
+F32_MAX = float(np.finfo(np.float32).max)
+_WIDEN = 2.0 ** -20
+"""Relative widening of every computed bound: more than the f32 rounding of the operation it bounds."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +167,8 @@ def _refusal(frame: Frame, s: TileStore, e: Dot, name: str, ranges: Mapping) -> 
     return None
 
 
-__all__ = ["RELATIVE_ERROR", "Reciprocal", "plan"]
+__all__ = ["RELATIVE_ERROR", "ROW_RELATIVE_ERROR", "Reciprocal", "RowDivision", "finite_bounds", "plan",
+           "row_divisions"]
 
 
 def reciprocal_constant(c: float) -> float | None:
@@ -163,3 +186,250 @@ def reciprocal_constant(c: float) -> float | None:
     if mantissa == 0.5:
         return None
     return float(np.float32(1.0) / np.float32(c))
+
+
+# ------------------------------------------------------------------------------------ row divisors (rows on chip)
+
+@dataclass(frozen=True)
+class Bounds:
+    """What is known of an f32 expression's values: every value that is not NaN lies in ``[lo, hi]`` (±inf
+    included), every finite one in ``[flo, fhi]``, or is 0 where ``zero`` (a range fact: its finite non-zero
+    values in ``[flo, fhi]``, else ±0 or NaN)."""
+
+    lo: float
+    hi: float
+    flo: float
+    fhi: float
+    zero: bool = False
+
+    def plain(self) -> Bounds:
+        """The same values with a possible 0 taken into ``[flo, fhi]``."""
+        if not self.zero:
+            return self
+        return Bounds(self.lo, self.hi, min(self.flo, 0.0), max(self.fhi, 0.0))
+
+
+UNKNOWN = Bounds(-math.inf, math.inf, -F32_MAX, F32_MAX)
+NONNEGATIVE = Bounds(0.0, math.inf, 0.0, F32_MAX)
+
+
+@dataclass(frozen=True)
+class RowDivision:
+    """A division ``x / divisor`` evaluated per element of statement ``block``'s row, ``divisor`` a value of
+    the row: ``x · rcp_rz(divisor)`` where ``chosen`` (its reciprocal computed once per row), else divided per
+    element; ``reason``: the proven range, or why not."""
+
+    block: str
+    divisor: Expr
+    text: str
+    chosen: bool
+    reason: str
+
+    def describe(self) -> str:
+        if self.chosen:
+            return (f"{self.block}: x / d, d = {self.text}, as x · rcp_rz(d) with rcp_rz(d) once per row (relative "
+                    f"2^-23 + 2^-24; {self.reason})")
+        return f"{self.block}: x / d, d = {self.text}, divided per element ({self.reason})"
+
+
+def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange], enabled: bool
+                  ) -> tuple[RowDivision, ...]:
+    """Every f32 division of the statements ``stores`` (a kernel whose rows stay on chip, in program order)
+    that is evaluated per element of the row by a divisor that is one value per row and not a constant
+    (constants: :func:`reciprocal_constant`), with the choice for it (the module docstring)."""
+    out: list[RowDivision] = []
+    writes: dict[tuple, Expr] = {}
+    for s in stores:
+        seen: set[Expr] = set()
+        for n in walk_tile_expr(s.value):
+            if not (isinstance(n, BinOp) and n.op == "/" and n.dtype == dt.f32 and axes_of(n)):
+                continue
+            d = n.b.tile if isinstance(n.b, Broadcast) else n.b
+            if isinstance(d, Const) or axes_of(d) or d in seen:
+                continue
+            seen.add(d)
+            text = tile_expr_str(d)
+            if not enabled:
+                out.append(RowDivision(s.block, d, text, False, "the options' reciprocal_rows is off"))
+                continue
+            b = finite_bounds(d, writes, ranges)
+            low, high = _magnitudes(b)
+            if low < SMALLEST_NORMAL or high > 1.0 / SMALLEST_NORMAL:
+                why = ("its finite values may be 0 or near it" if low <= 0 else
+                       f"its finite non-zero values lie in [{low:g}, {high:g}] in magnitude, not within "
+                       f"[2^-126, 2^126]: 1/d may not be a normal number")
+                out.append(RowDivision(s.block, d, text, False, why))
+                continue
+            out.append(RowDivision(s.block, d, text, True,
+                                   f"its finite non-zero values lie in [{low:.3g}, {high:.3g}] in magnitude"))
+        writes[_key(s)] = s.value
+    return tuple(out)
+
+
+def _magnitudes(b: Bounds) -> tuple[float, float]:
+    """Bounds on the magnitude of ``b``'s finite non-zero values; ``(0, …)`` where they may come near 0."""
+    if b.flo > 0:
+        return b.flo, b.fhi
+    if b.fhi < 0:
+        return -b.fhi, -b.flo
+    return 0.0, max(-b.flo, b.fhi)
+
+
+def _key(a: TileLoad | TileStore) -> tuple:
+    return (a.tensor.name, tuple(dataclasses.replace(i, axis="") if isinstance(i, Slice) else i for i in a.index))
+
+
+def finite_bounds(e: Expr, writes: Mapping[tuple, Expr], ranges: Mapping[str, ValueRange]) -> Bounds:
+    """Sound bounds on the f32 values of ``e`` (:class:`Bounds`) by interval arithmetic, each bound widened by
+    more than the rounding of the operation (so the bounds hold for the rounded values too).  A read of a value
+    an earlier statement wrote (``writes``: its value by tensor and index, a row's axis renamed ``""``) is that
+    value's bounds; a read of a tensor with a range fact, the fact; of an input declared non-negative or
+    positive, ``[0, ∞]``; a product of a value with itself and a sum or dot of such terms are ``>= 0``.
+    Anything else is unknown: unknown means unproven, never wrong."""
+    return _Evaluator(writes, ranges).bounds(e)
+
+
+class _Evaluator:
+    def __init__(self, writes: Mapping[tuple, Expr], ranges: Mapping[str, ValueRange]):
+        self.writes, self.ranges = writes, ranges
+
+    def bounds(self, e: Expr) -> Bounds:
+        if e.dtype != dt.f32:
+            return UNKNOWN
+        if isinstance(e, Const):
+            v = float(e.value)
+            return Bounds(v, v, v, v) if math.isfinite(v) else UNKNOWN
+        if isinstance(e, (Broadcast, Squeeze, Permute)):
+            return self.bounds(e.tile)
+        if isinstance(e, TileLoad):
+            return self.load(e)
+        if isinstance(e, Select):
+            if isinstance(e.cond, Const):
+                return self.bounds(e.true_value if e.cond.value else e.false_value)
+            return _hull(self.bounds(e.true_value).plain(), self.bounds(e.false_value).plain())
+        if isinstance(e, Call) and len(e.args) == 1:
+            return self.call(e.fn, self.bounds(e.args[0]).plain())
+        if isinstance(e, BinOp):
+            return self.binop(e)
+        if isinstance(e, Reduce):
+            t = self.bounds(e.tile).plain()
+            if e.op == "sum":
+                return NONNEGATIVE if t.lo >= 0 else UNKNOWN
+            if e.op in ("max", "min"):
+                return Bounds(t.lo, t.hi, max(t.lo, t.flo), min(t.hi, t.fhi))
+            return UNKNOWN
+        if isinstance(e, Dot):
+            terms = NONNEGATIVE if e.a == e.b else UNKNOWN
+            return _add(self.bounds(e.acc).plain(), terms)
+        return UNKNOWN
+
+    def load(self, e: TileLoad) -> Bounds:
+        if e.mask is not None:
+            return UNKNOWN
+        fact = self.ranges.get(e.tensor.name)
+        if fact is not None:
+            return Bounds(min(fact.lo, 0.0), max(fact.hi, 0.0), fact.lo, fact.hi, zero=True)
+        value = self.writes.get(_key(e))
+        if value is not None:
+            return self.bounds(value)
+        if e.tensor.sign is not None:
+            return NONNEGATIVE
+        return UNKNOWN
+
+    def call(self, fn: str, x: Bounds) -> Bounds:
+        if fn == "neg":
+            return _neg(x)
+        if fn == "abs":
+            hi = max(-x.lo, x.hi)
+            fhi = max(-x.flo, x.fhi)
+            lo = 0.0 if x.lo <= 0 <= x.hi else min(abs(x.lo), abs(x.hi))
+            flo = 0.0 if x.flo <= 0 <= x.fhi else min(abs(x.flo), abs(x.fhi))
+            return Bounds(lo, hi, flo, fhi)
+        if fn == "sqrt":
+            return _widened(math.sqrt(max(x.lo, 0.0)), math.sqrt(max(x.hi, 0.0)),
+                            math.sqrt(max(x.flo, 0.0)), math.sqrt(max(x.fhi, 0.0)))
+        if fn == "exp":
+            return _widened(_exp(x.lo), _exp(x.hi), _exp(x.lo), min(_exp(x.fhi), F32_MAX))
+        return UNKNOWN
+
+    def binop(self, e: BinOp) -> Bounds:
+        a = self.bounds(e.a).plain()
+        if e.op == "*" and e.a == e.b:
+            return _square(a)
+        b = self.bounds(e.b).plain()
+        if e.op == "+":
+            return _add(a, b)
+        if e.op == "-":
+            return _add(a, _neg(b))
+        if e.op == "*":
+            return _mul(a, b)
+        if e.op == "/" and isinstance(e.b, Const) and float(e.b.value) != 0 and math.isfinite(float(e.b.value)):
+            return _mul(a, Bounds(*(4 * (1.0 / float(e.b.value),))))
+        if e.op == "max":
+            flo = max(max(a.lo, b.lo), min(a.flo, b.flo))
+            return Bounds(max(a.lo, b.lo), max(a.hi, b.hi), flo, max(a.fhi, b.fhi))
+        if e.op == "min":
+            fhi = min(min(a.hi, b.hi), max(a.fhi, b.fhi))
+            return Bounds(min(a.lo, b.lo), min(a.hi, b.hi), min(a.flo, b.flo), fhi)
+        return UNKNOWN
+
+
+def _down(x: float) -> float:
+    """Below every f32 rounding of a real number ``>= x`` (rounding keeps the sign: 0 stays a bound; past f32's
+    largest, a value rounds to infinity)."""
+    if math.isinf(x) or x < -F32_MAX:
+        return -math.inf if x < 0 else x
+    return max(0.0, x - x * _WIDEN - 2.0 ** -149) if x >= 0 else x - abs(x) * _WIDEN - 2.0 ** -149
+
+
+def _up(x: float) -> float:
+    return -_down(-x)
+
+
+def _widened(lo: float, hi: float, flo: float, fhi: float) -> Bounds:
+    """Bounds of a rounded operation's exact-value bounds, widened; finite bounds kept within f32's range."""
+    return Bounds(_down(lo), _up(hi), max(_down(flo), -F32_MAX), min(_up(fhi), F32_MAX))
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def _sum(x: float, y: float, inf: float) -> float:
+    r = x + y
+    return inf if math.isnan(r) else r
+
+
+def _add(a: Bounds, b: Bounds) -> Bounds:
+    return _widened(_sum(a.lo, b.lo, -math.inf), _sum(a.hi, b.hi, math.inf), a.flo + b.flo, a.fhi + b.fhi)
+
+
+def _neg(a: Bounds) -> Bounds:
+    return Bounds(-a.hi, -a.lo, -a.fhi, -a.flo, a.zero)
+
+
+def _corners(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    products = [0.0 if math.isnan(x * y) else x * y for x in a for y in b]
+    return min(products), max(products)
+
+
+def _mul(a: Bounds, b: Bounds) -> Bounds:
+    lo, hi = _corners((a.lo, a.hi), (b.lo, b.hi))
+    flo, fhi = _corners((a.flo, a.fhi), (b.flo, b.fhi))
+    return _widened(lo, hi, flo, fhi)
+
+
+def _square(a: Bounds) -> Bounds:
+    def sq(lo: float, hi: float) -> tuple[float, float]:
+        top = max(lo * lo, hi * hi)
+        return (0.0, top) if lo <= 0 <= hi else (min(lo * lo, hi * hi), top)
+    lo, hi = sq(a.lo, a.hi)
+    flo, fhi = sq(a.flo, a.fhi)
+    return _widened(lo, hi, flo, fhi)
+
+
+def _hull(a: Bounds, b: Bounds) -> Bounds:
+    return Bounds(min(a.lo, b.lo), max(a.hi, b.hi), min(a.flo, b.flo), max(a.fhi, b.fhi))

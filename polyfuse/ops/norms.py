@@ -125,8 +125,8 @@ def ref_rmsnorm_amax(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
 
 def tol_rmsnorm_amax(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
     # s: M roundings; /M (two on the GPU: s·fl(1/M)), + eps (and eps's own f32 rounding): 3 more; sqrt halves
-    # and adds 1; x/: 1.
-    rtol = ((sizes["M"] + 4) / 2 + 2) * U32
+    # and adds 1; x/: 1, or 3 + 2^-23 on the GPU (x·rcp_rz(d)), counted as 4.
+    rtol = ((sizes["M"] + 4) / 2 + 5) * U32
     return {"y": (TINY32, rtol), "amax": (TINY32, rtol)}
 
 
@@ -138,9 +138,10 @@ register(Operator(
     tolerance_note="f32, U32 = 2^-24 per rounding. s = Σ x² (positive terms): rel <= M·U32; s/M + eps adds 3 "
                    "roundings (s/M is s·fl(1/M) on the GPU, the reciprocal_constants code generation option, "
                    "where M is not a power of two) and eps's f32 rounding at most one more; sqrt halves and adds "
-                   "U32; the division U32: "
-                   "rtol = ((M + 4)/2 + 2)·U32 for y, and for amax (a max moves by at most the largest "
-                   "perturbation). No cancellation; atol = smallest normal f32. The plain Σx² itself overflows f32 "
+                   "U32; the division U32, or 3·U32 + 2^-47 on the GPU (x·rcp_rz(d), the reciprocal_rows code "
+                   "generation option), counted as 4·U32: rtol = ((M + 4)/2 + 5)·U32 for y, and for amax (a max "
+                   "moves by at most the largest perturbation). No cancellation; atol = smallest normal f32. The "
+                   "plain Σx² itself overflows f32 "
                    "for |x| >~ 1e18, so magnitudes stop at 1e15, and the special variant's huge entries are 2^48."
                    + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=(1.0, 1e-3, 1e15), symbolic=RMSNORM_SYMBOLIC,
@@ -184,8 +185,9 @@ def ref_sum_sum(inputs: Arrays, mode: str, sizes: Sizes) -> Arrays:
 
 def tol_sum_sum(mode: str, sizes: Sizes) -> dict[str, tuple[float, float]]:
     M = sizes["M"]
-    # Each term is off by (5.5·M + 3.5)·U32 relatively, the sum adds M - 1; Σ|terms| <= sqrt(11·M).
-    return {"s": ((6.5 * M + 2.5) * U32 * math.sqrt(11 * M), 0.0)}
+    # Each term is off by (5.5·M + 6.5)·U32 relatively (the division counted as 4: x·rcp_rz(d) on the GPU), the
+    # sum adds M - 1; Σ|terms| <= sqrt(11·M).
+    return {"s": ((6.5 * M + 5.5) * U32 * math.sqrt(11 * M), 0.0)}
 
 
 register(Operator(
@@ -194,9 +196,11 @@ register(Operator(
     build=build_sum_sum, make_inputs=make_sum_sum_inputs, reference=ref_sum_sum, tolerance=tol_sum_sum,
     tolerance_note="f32, U32 = 2^-24 per rounding. m = Σ x1² has rel error <= M·U32; max(m - 10, 1) amplifies "
                    "it by at most m/max(m - 10, 1) <= 11, so rel <= (11M + 1)·U32, sqrt halves it; with the "
-                   "product and the division each term of s is off by <= (5.5M + 3.5)·U32 and the sum of M "
+                   "product and the division (3·U32 + 2^-47 on the GPU, x·rcp_rz(d), the reciprocal_rows code "
+                   "generation option: counted as 4·U32) each term of s is off by <= (5.5M + 6.5)·U32 and the "
+                   "sum of M "
                    "mixed-sign terms adds (M - 1)·U32·Σ|terms|. By Cauchy-Schwarz Σ|x1·x2|/sqrt(max(m-10, 1)) "
-                   "<= sqrt(11)·|x2|_2 <= sqrt(11·M) (|x2| <= 1, any x1 magnitude): atol = (6.5M + 2.5)·U32·"
+                   "<= sqrt(11)·|x2|_2 <= sqrt(11·M) (|x2| <= 1, any x1 magnitude): atol = (6.5M + 5.5)·U32·"
                    "sqrt(11M), rtol = 0. x1 magnitudes stop at 1e15 because Σx1² overflows f32 beyond ~1e18 "
                    "(the special variant's huge x1 entries are 2^48); x2 gets no huge entries, since |x2| <= 1 "
                    "is part of the bound." + CONTRACTED,
@@ -385,8 +389,9 @@ def tol_layernorm_stats(mode: str, sizes: Sizes) -> dict[str, tuple[float, float
     delta = _mean_error(M, LAYERNORM_OFFSETS, per_term=2)
     # y: x - mean is off by δ (the subtraction itself is exact near the offset), var + eps relatively by
     # (M + 5)·U32 (halved by sqrt, plus sqrt and the division); the sample variance of M >= 8 draws of
-    # unit variance is >= 1/4 here, so 1/sqrt(var + eps) <= 2.  Each /M is two roundings on the GPU (x·fl(1/M)).
-    return {"mean": (delta, 0.0), "var": (2 * delta ** 2, (M + 4) * U32), "y": (2 * delta, ((M + 5) / 2 + 3) * U32)}
+    # unit variance is >= 1/4 here, so 1/sqrt(var + eps) <= 2.  Each /M is two roundings on the GPU (x·fl(1/M)),
+    # the division by sqrt(var + eps) 3 + 2^-23 (x·rcp_rz(d)), counted as 4.
+    return {"mean": (delta, 0.0), "var": (2 * delta ** 2, (M + 4) * U32), "y": (2 * delta, ((M + 5) / 2 + 6) * U32)}
 
 
 register(Operator(
@@ -400,11 +405,12 @@ register(Operator(
                    "where M is not a power of two; atol δ); "
                    "var as for variance: rtol (M + 4)·U32, atol 2·δ²; y = (x - mean)/sqrt(var + eps): the "
                    "difference is exact up to δ and 1/sqrt(var + eps) <= 2 for these draws (atol 2δ), the "
-                   "relative error of var + eps is halved by sqrt, plus sqrt, the division and the subtraction: "
-                   "rtol ((M + 5)/2 + 3)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not see the "
-                   "magnitude, so it covers the largest). Input variants: a ties row has variance (max - min)²/4, "
-                   "at least its own, monotone rows keep their values, huge entries (2^13) stay within max|x|; "
-                   "a zero row is exact, and a row of m values (mean μ) after M - m zeros has a mean off by at "
+                   "relative error of var + eps is halved by sqrt, plus sqrt, the division (3·U32 + 2^-47 on the "
+                   "GPU, x·rcp_rz(d), the reciprocal_rows code generation option: counted as 4·U32) and the "
+                   "subtraction: rtol ((M + 5)/2 + 6)·U32. max|x| = max offset (1e4) + sqrt 3 (tolerance does not "
+                   "see the magnitude, so it covers the largest). Input variants: a ties row has variance "
+                   "(max - min)²/4, at least its own, monotone rows keep their values, huge entries (2^13) stay "
+                   "within max|x|; a zero row is exact, and a row of m values (mean μ) after M - m zeros has a mean off by at "
                    "most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: U32·|x|/M against x²/M), "
                    "so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the offset." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS, symbolic=("N", "M"),

@@ -95,6 +95,20 @@ template <> PF_DEV float min<float>(float a, float b) {
 
 PF_DEV float round_f16(float x) { return f16_to_float(float_to_f16(x)); }
 
+// 1/x rounded toward zero (|result| <= |1/x|): the reciprocal a row kernel multiplies by instead of dividing
+// each element by x (emit_cpp/reciprocal.py: x_j·rcp_rz(d) never exceeds |x_j/d|, so it overflows nowhere the
+// division does not). ±0, ±inf and NaN give 1/x exactly.
+PF_DEV float rcp_rz(float x) {
+#if defined(__HIPCC__)
+    float r = 1.0f / x;
+    // 1 - r·x is exact (FMA): below 0 where r was rounded away from zero; then one step toward zero
+    if (r != 0.0f && isfinite(r) && fmaf(-r, x, 1.0f) < 0.0f) r = nextafterf(r, 0.0f);
+    return r;
+#else
+    return __frcp_rz(x);
+#endif
+}
+
 #if !defined(__HIPCC__)
 // exp(x) as __expf computes it (ex2.approx of x·log2 e: at most 2 + 1.173·|x| ulp off), with results under 2^-126
 // flushed to 0 (.ftz: one MUFU.EX2 instead of a scaled sequence for subnormal results): the code generator's
