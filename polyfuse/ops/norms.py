@@ -411,8 +411,9 @@ register(Operator(
                    "see the magnitude, so it covers the largest). Input variants: a ties row has variance "
                    "(max - min)²/4, at least its own, monotone rows keep their values, huge entries (2^13) stay "
                    "within max|x|; a zero row is exact, and a row of m values (mean μ) after M - m zeros has a "
-                   "mean off by at most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: U32·|x|/M against x²/M), "
-                   "so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the offset." + CONTRACTED,
+                   "mean off by at most m²·U32·max|x|/M against var >= (M - m)·m·μ²/M² (one value x: "
+                   "U32·|x|/M against x²/M), so δ_mean/sqrt(var + eps) stays below 2δ while μ is near the "
+                   "offset." + CONTRACTED,
     defaults=_ROWS, presets=_ROWS_PRESET, magnitudes=LAYERNORM_OFFSETS, symbolic=("N", "M"),
     gpu_symbolic={"default": ("N",)}, gpu_symbolic_note=ROWS_ON_THE_GRID,
     operands=(Operand("x", axis=1, huge=2.0 ** 13, tiny=2.0 ** -100),),
