@@ -8,6 +8,7 @@ reciprocal once per row.  On a GPU, tests/test_onchip_rows.py runs these kernels
 from __future__ import annotations
 
 import math
+import re
 import shutil
 
 import numpy as np
@@ -19,6 +20,7 @@ from polyfuse import ops
 from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CodegenOptions, Target, emit_planned, gpu_plan, onchip
 from polyfuse.emit_cpp.reciprocal import F32_MAX, SMALLEST_NORMAL, finite_bounds
+from polyfuse.errors import BackendUnavailable
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
 from polyfuse.ir.stmt import INPUT, Tensor
@@ -53,15 +55,20 @@ def test_a_divisor_of_proven_range_is_multiplied_by_its_reciprocal(name, low):
     assert "rcp_rz" in "\n".join(rows.describe())
 
 
-@pytest.mark.parametrize(("name", "why"), [
-    ("l2norm_stable", "may be 0 or near it"),   # x / max|x|: the max may be subnormal
-    ("softmax", "may be 0 or near it"),         # the denominator of a temporary's exponentials: no range fact
+@pytest.mark.parametrize("name", [
+    "l2norm_stable",   # x / max|x|: the max may be subnormal
+    "softmax",         # the denominator of a temporary's exponentials: no range fact
 ])
-def test_a_divisor_without_a_proven_range_is_divided_per_element(name, why):
-    _, _, _, rows = _rows(name)
+def test_a_divisor_without_a_proven_range_is_tested_per_row(name):
+    gpu, plan, target, rows = _rows(name)
     (d,) = rows.divisions
-    assert not d.chosen and why in d.reason
-    assert "divided per element" in d.describe()
+    assert d.chosen and d.guarded and "may be 0 or near it" in d.reason
+    assert "at run time, else divided" in d.describe()
+    text = emit_planned(gpu, plan, target).text
+    ok = re.search(r"const bool (pf_ok\d+) = pf::rcp_normal\(", text).group(1)
+    # one loop multiplies (where the row's divisor passed), the other divides
+    assert f"if ({ok})" in text and " * pf_rcp" in text
+    assert re.search(r"\} *\n\s*else \{", text) and "/ pf_" in text.split(f"if ({ok})")[1]
 
 
 def test_the_option_keeps_the_division():
@@ -212,7 +219,6 @@ def test_rcp_rz_compiles():
 
 @pytest.mark.gpu
 def test_rcp_rz_rounds_toward_zero_on_the_gpu():
-    from polyfuse.errors import BackendUnavailable
     from polyfuse.runtime.loaders import loader
 
     try:
@@ -238,3 +244,32 @@ def test_rcp_rz_rounds_toward_zero_on_the_gpu():
     normal = np.abs(x) >= SMALLEST_NORMAL  # (subnormal divisors: the code generator never plans them)
     same = (r.view(np.uint32) == want.view(np.uint32)) | (np.isnan(r) & np.isnan(want))
     assert np.all(same[normal]), (x[normal & ~same][:5], r[normal & ~same][:5], want[normal & ~same][:5])
+
+
+@pytest.mark.gpu
+def test_a_row_whose_divisor_fails_its_test_divides_and_matches_numpy():
+    # l2norm_stable's x / max|x|: rows whose max is subnormal or above 2^126 take the division, the others the
+    # reciprocal; every row against NumPy within the operator's tolerance.
+    from polyfuse.pipeline import build
+
+    op = ops.get("l2norm_stable")
+    sizes = {"N": 6, "M": 42}
+    try:
+        kernel = build(default_schedule("l2norm_stable", "default", op.program("default", **sizes), target="cuda"),
+                       "cuda", sizes=sizes, werror=True)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    assert "pf::rcp_normal(" in kernel.kernel_source.text
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((6, 42))
+    x[1] *= 1e-40                       # max|x| subnormal: divided
+    x[2] = 0.0
+    x[2, 5] = 2.0 ** 127                # max|x| above 2^126: divided (out = 2^127 exactly)
+    x[3] = 0.0
+    x[3, 7] = -(2.0 ** -140)            # one subnormal entry
+    x[4] *= 2.0 ** 120                  # large, still multiplied
+    x[5] *= 2.0 ** -120                 # small, still multiplied
+    inputs = {"x": x.astype(np.float32)}
+    got = kernel.run(inputs)
+    result = ops.compare(got, op.reference(inputs, "default", sizes), op.tolerance("default", sizes))
+    assert result.ok, f"{result.line()} worst {result.worst}"

@@ -38,7 +38,7 @@ warps (down to one warp per row: no shared memory and no block barrier at all).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -426,7 +426,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         ", one block per SM" if rows.blocks_per_sm == 1 else "")
     em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
     em.materialized = {}
-    em.inverses = {}
+    em.inverses, em.guards = {}, {}
     state = _State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
     for t in rows.tiles:
         name = state.arrays[(t.tensor, t.index)]
@@ -452,7 +452,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         else:
             _scalar_store(em, state, step)
         em.overrides.clear()
-    em.inverses = {}
+    em.inverses, em.guards = {}, {}
 
 
 def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> None:
@@ -466,9 +466,13 @@ def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> N
     arr = state.arrays[key]
     target = f"{arr}_v[pf_v]" if tile.in_shared else f"{arr}[pf_k * {rows.vec} + pf_v]"
     write = (tile, arr, step if tile.stored else None)
-    with _elements(em, rows, reads=_shared_reads(state, [step.value]), write=write):
-        value = em.convert(em.scalar(step.value, {axis: "pf_j"}), step.value.dtype, step.tensor.dtype)
-        em.line(f"{target} = {em.to_storage(value, step.tensor.dtype)};")
+
+    def elements() -> None:
+        with _elements(em, rows, reads=_shared_reads(state, [step.value]), write=write):
+            value = em.convert(em.scalar(step.value, {axis: "pf_j"}), step.value.dtype, step.tensor.dtype)
+            em.line(f"{target} = {em.to_storage(value, step.tensor.dtype)};")
+
+    _guarded(em, [step.value], elements)
     if tile.in_shared:
         return
     if tile.stored:
@@ -642,15 +646,40 @@ def _overrides(em: CudaEmitter, state: _State, s: TileStore) -> None:
 
 def _reciprocals(em: CudaEmitter, state: _State, s: TileStore) -> None:
     """``rcp_rz`` of each divisor of ``s`` the plan divides by its reciprocal, once per row, where every
-    reduction it reads is complete (a divisor of a later level waits for its own step)."""
+    reduction it reads is complete (a divisor of a later level waits for its own step); for a guarded one, also
+    whether the row may use it (``pf::rcp_normal``)."""
     for d in state.rows.divisions:
         if not d.chosen or d.block != s.block or d.divisor in em.inverses:
             continue
         if any(_is_reduction(n) and n not in state.results for n in walk_tile_expr(d.divisor)):
             continue
         reg = em.fresh("rcp")
-        em.line(f"const float {reg} = pf::rcp_rz({em.scalar(d.divisor, {})});")
+        if d.guarded:
+            value, ok = em.fresh("div"), em.fresh("ok")
+            em.line(f"const float {value} = {em.scalar(d.divisor, {})};")
+            em.line(f"const bool {ok} = pf::rcp_normal({value});  // (the same for every thread of the row)")
+            em.line(f"const float {reg} = pf::rcp_rz({value});")
+            em.guards[d.divisor] = ok
+        else:
+            em.line(f"const float {reg} = pf::rcp_rz({em.scalar(d.divisor, {})});")
         em.inverses[d.divisor] = reg
+
+
+def _guarded(em: CudaEmitter, exprs: list[Expr], elements: Callable[[], None]) -> None:
+    """``elements()``, the loop over the thread's elements that computes ``exprs``; where they divide by a guarded
+    divisor, twice: with its reciprocal where every such divisor of the row passed its test, else dividing."""
+    used = [d for d in em.guards if any(n == d for e in exprs for n in walk_tile_expr(e))]
+    if not used:
+        elements()
+        return
+    em.open(f"if ({' && '.join(em.guards[d] for d in used)})")
+    elements()
+    em.close()
+    em.open("else")
+    kept = {d: em.inverses.pop(d) for d in used}
+    elements()
+    em.inverses.update(kept)
+    em.close()
 
 
 def _accumulate(em: CudaEmitter, state: _State, level: list[Reduce | Dot]) -> list[tuple[Reduce | Dot, str, str]]:
@@ -662,13 +691,17 @@ def _accumulate(em: CudaEmitter, state: _State, level: list[Reduce | Dot]) -> li
         em.line(f"{ct} {acc} = {_REDUCE_INIT[r.op] if isinstance(r, Reduce) else '0'};")
         found.append((r, acc, ct))
     exprs = [x for r in level for x in ([r.tile] if isinstance(r, Reduce) else [r.a, r.b])]
-    with _elements(em, state.rows, reads=_shared_reads(state, exprs)):
-        for r, acc, ct in found:
-            env = {r.axis: "pf_j"}
-            if isinstance(r, Reduce):
-                em.line(f"{acc} = {em.combine(r.op, acc, em.scalar(r.tile, env), ct)};")
-            else:
-                em.line(f"{acc} = ({acc} + ({em.scalar(r.a, env)} * {em.scalar(r.b, env)}));")
+
+    def elements() -> None:
+        with _elements(em, state.rows, reads=_shared_reads(state, exprs)):
+            for r, acc, ct in found:
+                env = {r.axis: "pf_j"}
+                if isinstance(r, Reduce):
+                    em.line(f"{acc} = {em.combine(r.op, acc, em.scalar(r.tile, env), ct)};")
+                else:
+                    em.line(f"{acc} = ({acc} + ({em.scalar(r.a, env)} * {em.scalar(r.b, env)}));")
+
+    _guarded(em, exprs, elements)
     return found
 
 

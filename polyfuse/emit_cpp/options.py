@@ -71,10 +71,11 @@ class CodegenOptions:
     relative ``2^-23 + 2^-48`` instead of ``2^-24``, in the tolerance notes of the operators that divide so; no
     overflow, since ``|fl(1/c)| <= 1``); a power of two divides exactly either way; off: an IEEE division.
     ``reciprocal_rows``: in a kernel whose rows stay on chip, an f32 division of every element by a value of
-    the row whose finite non-zero values are proven to lie within ``[2^-126, 2^126]`` in magnitude is
-    ``x · rcp_rz(d)``, ``1/d`` rounded toward zero once per row (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`:
-    a relative ``2^-23 + 2^-24`` instead of ``2^-24``, in the tolerance notes; no overflow the division does not
-    have); off: an IEEE division per element.
+    the row is ``x · rcp_rz(d)``, ``1/d`` rounded toward zero once per row, where its finite non-zero values are
+    proven to lie within ``[2^-126, 2^126]`` in magnitude, or, unproven, in each row where ``d`` passes that
+    test at run time (the other rows divide) (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`: a relative
+    ``2^-23 + 2^-24`` instead of ``2^-24``, in the tolerance notes; no overflow the division does not have);
+    off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``overlap_products``: there, the product whose ``a`` the loop computes (attention's P·V) is issued one

@@ -34,7 +34,9 @@ every element of its row by a value of the row (``sum_sum``'s ``sqrt(max(m - 10,
 row is loaded once and the kernel should be bound by memory.  :func:`row_divisions` plans ``x · r`` with
 ``r = rcp_rz(d)``, ``1/d`` rounded toward zero once per row, where the finite non-zero values of ``d`` are proven
 (:func:`finite_bounds`, an interval evaluation in f32 over the kernel's statements, the tensors' signs and the
-range facts) to lie in ``[2^-126, 2^126]`` in magnitude.  Then ``1/d`` is a normal number and
+range facts) to lie in ``[2^-126, 2^126]`` in magnitude; where that is not proven (``l2norm_stable``'s
+``max|x|`` may be subnormal), the row tests it at run time and takes the product only where it holds, the
+division elsewhere (one branch per row, the same for all its threads).  Then ``1/d`` is a normal number and
 ``|r| <= |1/d|`` with a relative error below ``2^-23``, so ``fl(x·r)`` is off from ``x/d`` by a relative
 :data:`ROW_RELATIVE_ERROR` (the division's: ``2^-24``), absolutely at most ``2^-149`` more where the product is
 subnormal, and — ``|x·r| <= |x/d|`` and rounding is monotone — it overflows nowhere the division does not.
@@ -224,8 +226,13 @@ class RowDivision:
     text: str
     chosen: bool
     reason: str
+    guarded: bool = False
+    """Chosen without a proof: each row takes the product only where ``2^-126 <= |d| <= 2^126`` holds."""
 
     def describe(self) -> str:
+        if self.guarded:
+            return (f"{self.block}: x / d, d = {self.text}, as x · rcp_rz(d) with rcp_rz(d) once per row where "
+                    f"2^-126 <= |d| <= 2^126 at run time, else divided ({self.reason})")
         if self.chosen:
             return (f"{self.block}: x / d, d = {self.text}, as x · rcp_rz(d) with rcp_rz(d) once per row (relative "
                     f"2^-23 + 2^-24; {self.reason})")
@@ -255,10 +262,9 @@ def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange],
             b = finite_bounds(d, writes, ranges)
             low, high = _magnitudes(b)
             if low < SMALLEST_NORMAL or high > 1.0 / SMALLEST_NORMAL:
-                why = ("its finite values may be 0 or near it" if low <= 0 else
-                       f"its finite non-zero values lie in [{low:g}, {high:g}] in magnitude, not within "
-                       f"[2^-126, 2^126]: 1/d may not be a normal number")
-                out.append(RowDivision(s.block, d, text, False, why))
+                why = ("no proof: its finite values may be 0 or near it" if low <= 0 else
+                       f"no proof: its finite non-zero values lie in [{low:g}, {high:g}] in magnitude")
+                out.append(RowDivision(s.block, d, text, True, why, guarded=True))
                 continue
             out.append(RowDivision(s.block, d, text, True,
                                    f"its finite non-zero values lie in [{low:.3g}, {high:.3g}] in magnitude"))

@@ -109,6 +109,12 @@ PF_DEV float rcp_rz(float x) {
 #endif
 }
 
+// Whether 1/x is a normal number (2^-126 <= |x| <= 2^126): a row kernel's guarded reciprocal (NaN: false).
+PF_DEV bool rcp_normal(float x) {
+    const float a = fabsf(x);
+    return a >= 0x1p-126f && a <= 0x1p126f;
+}
+
 #if !defined(__HIPCC__)
 // exp(x) as __expf computes it (ex2.approx of x·log2 e: at most 2 + 1.173·|x| ulp off), with results under 2^-126
 // flushed to 0 (.ftz: one MUFU.EX2 instead of a scaled sequence for subnormal results): the code generator's
