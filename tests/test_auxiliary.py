@@ -42,6 +42,24 @@ def test_fused_keeps_two_pass_accuracy_at_a_large_offset(name, key):
         assert fused_err <= 10 * unfused_err, f"{name} seed={seed}: fused {fused_err:.3g}, unfused {unfused_err:.3g}"
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "known defect, found 2026-11-28 by tests/test_onchip_rows.py on the GPU and reproduced here: at a large offset "
+    "and a row length that is not a power of two, the rolled variance (auxiliary accumulators re-centred at the "
+    "partial mean Σx/L·L/(j+1), computed with roundings the two-pass program does not have) leaves the operator's "
+    "tolerance: L = 7, offset 1e4: var off by 8.8e-5 against 4.6e-5 (L = 3: 1.2e-4 against 1.2e-5); the plain "
+    "program stays within it. Not fixed yet: the repair's rounding needs its own bound or a better centre."))
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ on PATH")
+@pytest.mark.parametrize("name", ["variance", "layernorm_stats"])
+@pytest.mark.parametrize("length", [3, 7])
+def test_rolled_variance_at_a_large_offset_stays_within_the_operators_tolerance(name, length):
+    op = ops.get(name)
+    sizes = {**op.sizes("default"), **({"B": 5, "L": length} if name == "variance" else {"N": 5, "M": length})}
+    kernel = build(default_schedule(name, "default", op.program("default", **sizes)), "cpp", sizes=sizes)
+    inputs = op.inputs(1, "default", sizes, 1e4)
+    result = ops.compare(kernel.run(inputs), op.reference(inputs, "default", sizes), op.tolerance("default", sizes))
+    assert result.ok, f"{result.line()} worst {result.worst}"
+
+
 def test_one_pass_formula_loses_everything_at_the_offset():
     """What the fusion avoids: E[x²] - E[x]² in f32 at offset 1e6 is off by orders of magnitude."""
     op = ops.get("variance")
