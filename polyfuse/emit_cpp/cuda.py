@@ -93,11 +93,11 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.pitches: dict[str, tuple[int, int]] = {}
         """(dimension, row pitch in elements) of the shared temporaries whose rows are padded."""
         self.overrides: dict[Expr, str] = {}
+        """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.inverses: dict[Expr, str] = {}
         """Divisors whose reciprocal a register holds (the rows-on-chip plan's): ``x / d`` prints as ``x * r``."""
         self.guards: dict[Expr, str] = {}
         """The flag of each such divisor taken only where its row passed ``pf::rcp_normal``."""
-        """Nodes whose value is a C expression already at hand (a dot's result in its epilogue)."""
         self.resident: dict[str, resident.Resident] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
         self.synced_at = -1

@@ -426,7 +426,6 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         ", one block per SM" if rows.blocks_per_sm == 1 else "")
     em.line(f"// rows on chip: {rows.length} elements per row {where}, {rows.slots} x {rows.vec} per thread")
     em.materialized = {}
-    em.inverses, em.guards = {}, {}
     state = _State(rows, {(t.tensor, t.index): em.fresh("row") for t in rows.tiles})
     for t in rows.tiles:
         name = state.arrays[(t.tensor, t.index)]
@@ -452,7 +451,7 @@ def emit(em: CudaEmitter, rows: RowsOnChip) -> None:
         else:
             _scalar_store(em, state, step)
         em.overrides.clear()
-    em.inverses, em.guards = {}, {}
+    em.inverses, em.guards = {}, {}  # (the reciprocals are this kernel's registers)
 
 
 def _row_store(em: CudaEmitter, state: _State, step: TileStore, key: tuple) -> None:

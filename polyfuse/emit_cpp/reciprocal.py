@@ -223,11 +223,14 @@ class RowDivision:
 
     block: str
     divisor: Expr
-    text: str
     chosen: bool
     reason: str
     guarded: bool = False
     """Chosen without a proof: each row takes the product only where ``2^-126 <= |d| <= 2^126`` holds."""
+
+    @property
+    def text(self) -> str:
+        return tile_expr_str(self.divisor)
 
     def describe(self) -> str:
         if self.guarded:
@@ -255,18 +258,17 @@ def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange],
             if isinstance(d, Const) or axes_of(d) or d in seen:
                 continue
             seen.add(d)
-            text = tile_expr_str(d)
             if not enabled:
-                out.append(RowDivision(s.block, d, text, False, "the options' reciprocal_rows is off"))
+                out.append(RowDivision(s.block, d, False, "the options' reciprocal_rows is off"))
                 continue
             b = finite_bounds(d, writes, ranges)
             low, high = _magnitudes(b)
             if low < SMALLEST_NORMAL or high > 1.0 / SMALLEST_NORMAL:
                 why = ("no proof: its finite values may be 0 or near it" if low <= 0 else
                        f"no proof: its finite non-zero values lie in [{low:g}, {high:g}] in magnitude")
-                out.append(RowDivision(s.block, d, text, True, why, guarded=True))
+                out.append(RowDivision(s.block, d, True, why, guarded=True))
                 continue
-            out.append(RowDivision(s.block, d, text, True,
+            out.append(RowDivision(s.block, d, True,
                                    f"its finite non-zero values lie in [{low:.3g}, {high:.3g}] in magnitude"))
         writes[_key(s)] = s.value
     return tuple(out)
@@ -370,7 +372,8 @@ class _Evaluator:
         if e.op == "*":
             return _mul(a, b)
         if e.op == "/" and isinstance(e.b, Const) and float(e.b.value) != 0 and math.isfinite(float(e.b.value)):
-            return _mul(a, Bounds(*(4 * (1.0 / float(e.b.value),))))
+            r = 1.0 / float(e.b.value)
+            return _mul(a, Bounds(r, r, r, r))
         if e.op == "max":
             flo = max(max(a.lo, b.lo), min(a.flo, b.flo))
             return Bounds(max(a.lo, b.lo), max(a.hi, b.hi), flo, max(a.fhi, b.fhi))
