@@ -141,11 +141,7 @@ def test_on_chip_rows_compile_warning_free(name, length):
                 compile_only=True)
 
 
-_ROLLED_VARIANCE = pytest.mark.xfail(strict=True, reason=(
-    "known defect: the rolled variance leaves the tolerance at a large offset where the row length is not a power of "
-    "two (tests/test_auxiliary.py::test_rolled_variance_at_a_large_offset_stays_within_the_operators_tolerance)"))
-_CASES = [pytest.param(name, length, marks=_ROLLED_VARIANCE if name in ("variance", "layernorm_stats") and length == 7
-                       else ()) for length in (1, 7, 42, 4100, 8192, 16411, 20000, 30000, 32768) for name in ROW_OPS]
+_CASES = [(name, length) for length in (1, 7, 42, 4100, 8192, 16411, 20000, 30000, 32768) for name in ROW_OPS]
 
 
 @pytest.mark.gpu

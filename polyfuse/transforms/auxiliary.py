@@ -195,8 +195,14 @@ def _scaled_factors(g: sympy.Expr, old: list[sympy.Symbol], new: list[sympy.Symb
 
 def _factored(term: sympy.Expr) -> sympy.Expr:
     """``term`` factored, its exponentials kept whole: ``exp(x - m)``, never ``exp(x)·exp(-m)``,
-    which overflows where the plain program does not."""
-    return sympy.powsimp(sympy.factor(term), combine="exp")
+    which overflows where the plain program does not; and its number coefficient kept outside the
+    sum it multiplies: ``-2·(x - m)/7``, never ``2·m/7 - 2·x/7`` (sympy distributes a number over a
+    sum when it rebuilds a product).  The difference of the element and its producer is what the
+    plain program computes, exactly where the two are close; the distributed form rounds each scaled
+    value at their magnitude and subtracts, an error of the offset's size in every element."""
+    coeff, rest = sympy.factor(term).as_coeff_Mul()
+    rest = sympy.powsimp(rest, combine="exp")
+    return rest if coeff == 1 else coeff if rest == 1 else sympy.Mul(coeff, rest, evaluate=False)
 
 
 def _taylor_classes(g: sympy.Expr, old: list[sympy.Symbol],
