@@ -292,7 +292,8 @@ def _epilogue(draw: Draw, p: ProgramBuilder, x: Tensor, producers: list[tuple[st
 
 # ------------------------------------------------------------------ inputs
 
-ROW_KINDS = ("normal", "normal", "leading_zeros", "zeros", "ties", "monotone", "large", "special", "positive")
+ROW_KINDS = ("normal", "normal", "leading_zeros", "zeros", "ties", "monotone", "large", "special", "positive",
+             "offset")
 
 
 def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None, finite: bool = False) -> np.ndarray:
@@ -315,6 +316,8 @@ def row(draw: Draw, rng: np.random.Generator, m: int, sign: str | None = None, f
         v[draw.integer(0, m - 1)] = draw.choice([np.inf, -np.inf, np.nan])
     elif kind == "positive":
         v = np.abs(v) + 0.1
+    elif kind == "offset":  # a spread small against the values: a sum of differences cancels
+        v = v + draw.choice([1e2, -1e3, 1e4])
     if sign is not None:
         v = np.where(np.isnan(v), np.inf, np.abs(v))
         if sign == "positive":

@@ -137,6 +137,7 @@ def test_hopper_prefill_kernels_compile_at_the_bench_sizes(name):
         pytest.skip("needs nvcc on PATH")
     source = emit(_tiles(name, "prefill", **ops.get(name).presets["prefill"]), CUDA)
     assert "pf::setmaxnreg_inc<" in source.text and re.search(r"pf::wgmma_m64n(64|128)k16_f16_rs<1, 0>", source.text)
+    assert source.maps and all(f"const __grid_constant__ CUtensorMap {m.name}" in source.text for m in source.maps)
     compile_gpu(source.text, f"hopper_{name}", "cuda", source.target.arch, options=WERROR, compile_only=True)
 
 
@@ -243,7 +244,7 @@ class RecordingLoader(Loader):
     def function(self, module, name, shared):
         return name
 
-    def launch(self, fn, blocks, threads, shared, pointers, sizes, stream=0):
+    def launch(self, fn, blocks, threads, shared, pointers, sizes, stream=0, maps=()):
         self.launches.append((fn, blocks, threads, shared, len(pointers), tuple(sizes), stream))
 
     def alloc(self, nbytes):

@@ -210,6 +210,56 @@ def test_products_issued_late_match_products_in_turn_bit_for_bit(name, sizes):
         assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
 
 
+@pytest.mark.parametrize("loader", ["cuda-python", "pycuda"])
+@pytest.mark.parametrize(("name", "sizes"), [
+    ("attn_global", {"Sq": 256, "Skv": 384, "D": 64, "Dv": 64}),
+    ("attn_global", {"Sq": 300, "Skv": 300, "D": 64, "Dv": 64}),
+    ("attn_norm_inside", {"B": 2, "Sq": 200, "Skv": 333, "D": 64, "Dv": 64}),
+    ("attn_causal", {"Sq": 384, "Skv": 384, "D": 128, "Dv": 128}),
+    ("attn_window", {"Sq": 257, "Skv": 257, "D": 128, "Dv": 128, "W": 100}),
+    ("attn_gqa", {"B": 2, "Sq": 130, "Skv": 250, "D": 128, "Dv": 128}),
+    ("attn_softcap", {"Sq": 129, "Skv": 129, "D": 128, "Dv": 128})])
+def test_bulk_tensor_copies_match_cp_async_bit_for_bit(loader, name, sizes):
+    # The producer warpgroup's tiles brought by bulk tensor copies (one thread, tensor maps encoded at launch,
+    # passed by value through either loader) land where its threads' cp.async puts them, ragged edges
+    # zero-filled (sequence lengths that are not multiples of the key tile, a last tile of one key, two batches
+    # and grouped heads, whose next head's rows lie right after the edge): the same bits on every input variant and
+    # magnitude, and NumPy within the tolerance.
+    op, sizes, bulk, threads = _bulk_and_threads(name, "prefill", loader, sizes)
+    tolerance = op.tolerance("prefill", sizes)
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            inputs = op.inputs(10, "prefill", sizes, magnitude, variant)
+            a, b = bulk.run(inputs), threads.run(inputs)
+            for out in a:
+                assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
+            result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
+            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+
+
+def test_bulk_tensor_copies_of_mla_decode_match_cp_async_bit_for_bit():
+    # MLA decode at its batch-32 preset (the only sizes whose split takes a producer warpgroup): nine 64-column
+    # panels of each 576-wide key tile, the value operand a window of them.  Random inputs (its NumPy reference at
+    # this size is checked by gpu_check).
+    preset = ops.get("attn_mla_decode").presets["decode_b32"]
+    op, sizes, bulk, threads = _bulk_and_threads("attn_mla_decode", "decode", "cuda-python", preset)
+    inputs = op.inputs(11, "decode", sizes)
+    a, b = bulk.run(inputs), threads.run(inputs)
+    for out in a:
+        assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True)
+
+
+def _bulk_and_threads(name: str, mode: str, loader: str, sizes: dict):
+    """``name``'s kernel with its producer's tiles by bulk tensor copies, and with cp.async by its threads."""
+    op, sizes, bulk = _kernel(name, mode, loader=loader, **sizes)
+    if not bulk.kernel_source.target.device.tma:
+        pytest.skip(f"bulk tensor copies need sm_90a; the device is {bulk.kernel_source.target.arch}")
+    _, _, threads = _kernel(name, mode, loader=loader, codegen=CodegenOptions(tma=False), **sizes)
+    assert bulk.kernel_source.maps and "pf::tma_load_" in bulk.kernel_source.text
+    assert not threads.kernel_source.maps and "pf::tma_load_" not in threads.kernel_source.text
+    return op, sizes, bulk, threads
+
+
 @pytest.mark.parametrize(("name", "sizes"), [
     ("attn_causal", {"Sq": 256, "Skv": 256, "D": 128, "Dv": 128}),
     ("attn_window", {"Sq": 256, "Skv": 256, "D": 128, "Dv": 128, "W": 24}),

@@ -188,7 +188,14 @@ def test_prefill_products_are_warpgroup_products_on_hopper(name):
     assert re.search(r"wgmma\.m64n(64|128)k16 \(f16 operands\), one per warpgroup", str(plan))
     text = emit(tiles, CUDA).text
     assert re.search(r"pf::wgmma_m64n(64|128)k16_f16_rs<1, 0>", text) and "__align__(1024)" in text
-    assert "pf::setmaxnreg_inc<240>()" in text and "pf::cp_async_arrive(" in text
+    assert "pf::setmaxnreg_inc<240>()" in text
+    # the producer's tiles (K and V) by one thread's bulk tensor copies, a 4-D map of each (B, H, S, D) with
+    # boxes of one head; with the option off, cp.async by its 128 threads
+    assert {box.map.tensor for box in f.boxes.values()} >= {"k", "v"} and "bulk tensor copies" in str(plan)
+    assert all(len(box.map.box) == 4 and box.map.box[0] == 64 for box in f.boxes.values())
+    assert "pf::tma_load_4d(" in text and "pf::cp_async_arrive(" not in text
+    threads = emit(tiles, CUDA.with_options(tma=False))
+    assert not threads.maps and "pf::tma_load" not in threads.text and "pf::cp_async_arrive(" in threads.text
     sm80 = _sm80_tiles(name, **ops.get(name).presets["prefill"])  # (its own schedule's tiles: 64 keys)
     for tiles_of, target in ((sm80, Target("cuda", PRESETS["sm_80"])),
                              (tiles, CUDA.with_options(warpgroup_products=False))):

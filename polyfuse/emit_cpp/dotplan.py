@@ -80,6 +80,8 @@ class Frame:
     """The device has warpgroup products (sm_90a) and the options allow them."""
     swizzle: bool = False
     """The operands staged here lie in 128-byte-swizzled panels (:class:`Staged`), for warpgroup products."""
+    tma: bool = False
+    """The device has bulk tensor copies (sm_90a), the options allow them and the products are warpgroup ones."""
     registers_per_sm: int = 65536
     """The device's register file (:class:`~polyfuse.device.DeviceSpec`)."""
     ranges: Mapping[str, ValueRange] = dataclasses.field(default_factory=dict)

@@ -116,20 +116,32 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     em.line("pf::fence_async_shared();")
     em.open("if (pf_tid == 0)")
     for stage in range(stages):
-        em.line(f"pf::mbarrier_init(&{bars}[{stage}], {producers});  // full: one arrival per copying thread")
+        if fl.boxes:
+            em.line(f"pf::mbarrier_init(&{bars}[{stage}], 1);  // full: the bulk copies' bytes, announced once")
+        else:
+            em.line(f"pf::mbarrier_init(&{bars}[{stage}], {producers});  // full: one arrival per copying thread")
         em.line(f"pf::mbarrier_init(&{bars}[{stages + stage}], {computing});  // empty: every computing thread")
     em.close()
     em.barrier()
     em.open(f"if (pf_tid >= {computing})")
     em.line(f"pf::setmaxnreg_dec<{PRODUCER_REGISTERS}>();")
+    if fl.boxes:
+        em.line("// one thread issues the bulk tensor copies")
+        em.open(f"if (pf_tid == {computing})")
     em.open(em.loop_header(loop))
     em.line(f"if ({var} >= {stages}) pf::mbarrier_wait(&{bars}[{stages} + ({_stage_of(fl, var)})], "
             f"({_phase(fl, var)}) ^ 1);")
-    with em.threads_as(f"pf_tid - {computing}", producers):
-        _issue(em, fl, body, "next", var)
-    em.line(f"pf::cp_async_arrive(&{bars}[{_stage_of(fl, var)}]);")
+    if fl.boxes:
+        _bulk(em, fl, body, var)
+    else:
+        with em.threads_as(f"pf_tid - {computing}", producers):
+            _issue(em, fl, body, "next", var)
+        em.line(f"pf::cp_async_arrive(&{bars}[{_stage_of(fl, var)}]);")
     em.close()
-    em.line("pf::cp_async_wait<0>();")
+    if fl.boxes:
+        em.close()
+    else:
+        em.line("pf::cp_async_wait<0>();")
     em.close()
     em.open("else")
     em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
@@ -141,7 +153,8 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
 
     def consume(first: bool = False) -> None:
         em.line(f"pf::mbarrier_wait(&{bars}[{_stage_of(fl, var)}], {_phase(fl, var)});")
-        em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
+        if not fl.boxes:  # (bulk copies write through the async proxy the products read by)
+            em.line("pf::fence_async_shared();  // (the producer's copies, visible to the warpgroup products)")
         arrays = _issue(em, fl, body, "read", var)
         _iteration(em, fl, body, held, arrays, {b: None for b in fl.stmts}, late, var, first, turns)
 
@@ -176,6 +189,22 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
         em.close()
     _finish(em, fl, held)
     em.close()
+
+
+def _bulk(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], var: str) -> None:
+    """One thread's bulk tensor copies of the iteration ``var`` names into its stage, their bytes announced on the
+    stage's ``full`` mbarrier first (:attr:`FragmentLoop.boxes`)."""
+    stage = _stage_of(fl, var)
+    copies = [(fl.boxes[(st.block, role)], _buffer(fl, st.buffers[role], var))
+              for st, role, op, _low in _memory_operands(em, fl, body) if (st.block, role) in fl.boxes]
+    em.line(f"pf::mbarrier_expect_tx(&{fl.barriers}[{stage}], {sum(box.nbytes for box, _ in copies)});")
+    for box, arr in copies:
+        coords = [f"static_cast<int>({em.scalar(c, {})})" for c in box.coords]
+        for p in range(box.panels):
+            first = coords[0] if not p else f"{coords[0]} + {p * PANEL}"
+            dst = arr if not p else f"{arr} + {p * box.panel_elements}"
+            em.line(f"pf::tma_load_{len(coords)}d({dst}, &{box.map.name}, {', '.join([first, *coords[1:]])}, "
+                    f"&{fl.barriers}[{stage}]);")
 
 
 def _stage_of(fl: FragmentLoop, var: str) -> str:

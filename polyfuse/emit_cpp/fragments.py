@@ -65,7 +65,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from polyfuse.emit_cpp import reciprocal, warpgroups
+from polyfuse.emit_cpp import reciprocal, tma, warpgroups
 from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
 from polyfuse.emit_cpp.fragment_values import (
@@ -255,6 +255,11 @@ class FragmentLoop:
     turns: int = 0
     """With a product issued late: the computing warpgroups that issue their products in turns (the options'
     ``warpgroup_turns``; 0: none), warpgroup ``w`` at named barrier ``1 + w`` after warpgroup ``w − 1``."""
+    boxes: Mapping[tuple[str, str], tma.TensorBox] = dataclasses.field(default_factory=dict)
+    """With a producer warpgroup: each operand tile it copies, by (block, role), as one thread's bulk tensor
+    copies (:mod:`~polyfuse.emit_cpp.tma`, the options' ``tma``); empty: cp.async by all its threads."""
+    copies: str = ""
+    """With a producer warpgroup: how it copies, and why not by bulk copies where it does not."""
 
     @property
     def stages(self) -> int:
@@ -312,7 +317,7 @@ class FragmentLoop:
                  f"register operands {'rounded once' if self.round_once else 'split hi+lo'}; "
                  + (f"warps {warps}-{warps + PRODUCER_WARPS - 1} copy the operand tiles into {self.stages} stages "
                     f"(mbarriers {self.barriers}; registers {PRODUCER_REGISTERS} for them, "
-                    f"{self.computing_registers} for the others)"
+                    f"{self.computing_registers} for the others); {self.copies}"
                     if self.producer else "operands of the next iteration copied during this one" if self.prefetch
                     else "operands copied at the top of each iteration")]
         for h in self.held:
@@ -760,6 +765,7 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
                                 f"operands ({', '.join(sorted(set(sources)))}) do not allow one")
         result = dataclasses.replace(result, barriers=fresh("bar"),
                                      computing_registers=warpgroups.computing_registers(frame, shape.rows))
+        result = _bulk_copies(frame, result)
     budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
     room = budget - result.tiles - REGISTER_OVERHEAD
     result = dataclasses.replace(result, stmts={block: st if st.dot is None or st.accumulates else
@@ -773,6 +779,29 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
                                buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers),
                                turns=warpgroups_computing if frame.options.warpgroup_turns and warpgroups_computing > 1
                                else 0)
+
+
+def _bulk_copies(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
+    """``fl`` (with a producer warpgroup) copying its operand tiles by bulk tensor copies where the device has
+    them, the options allow them and every tile it copies at each iteration can take them
+    (:func:`~polyfuse.emit_cpp.tma.tensor_box`); else by cp.async, the plan saying why."""
+    if not frame.tma:
+        return dataclasses.replace(fl, copies="cp.async by its threads (no bulk tensor copies: "
+                                   + ("the options' tma is off)" if not frame.options.tma
+                                      else "the device has none)"))
+    boxes: dict[tuple[str, str], tma.TensorBox] = {}
+    for block, st in fl.stmts.items():
+        for role, op in (("a", st.dot.a), ("b", st.dot.b)) if st.dot is not None else ():
+            if op is None or op.source != "cp.async":
+                continue
+            assert st.dot.low is not None
+            found = tma.tensor_box(frame, op.staged, st.dot.low) if len(op.parts) == 1 else "it is split in two"
+            if isinstance(found, str):
+                return dataclasses.replace(fl, copies=f"cp.async by its threads ({block}'s {role} cannot take bulk "
+                                                      f"tensor copies: {found})")
+            boxes[(block, role)] = found
+    maps = ", ".join(m.name for m in tma.kernel_maps(boxes.values()))
+    return dataclasses.replace(fl, boxes=boxes, copies=f"one of its threads issues bulk tensor copies ({maps})")
 
 
 def _deferred(frame: Frame, loop: Loop, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int

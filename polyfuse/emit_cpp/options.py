@@ -78,6 +78,10 @@ class CodegenOptions:
     off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
+    ``tma``: there, on a device with bulk tensor copies (sm_90a), one thread of that warpgroup brings each tile
+    by ``cp.async.bulk.tensor`` into its swizzled panels, completing on the stage's mbarrier, where every tile it
+    copies is a raw tile of an input (:mod:`~polyfuse.emit_cpp.tma`; a ragged edge is zero-filled by the copy
+    engine); off: cp.async by all its threads.
     ``overlap_products``: there, the product whose ``a`` the loop computes (attention's P·V) is issued one
     iteration late, right after the next iteration's first product, so that it runs during the statements between
     them (the softmax), where its accumulators fit the registers and a third stage of tiles fits shared memory
@@ -143,6 +147,7 @@ class CodegenOptions:
     warpgroup_products: bool = True
     warpgroup_width: int = 128
     producer_warp: bool = True
+    tma: bool = True
     overlap_products: bool = True
     accumulate_products: bool = True
     warpgroup_turns: bool = True

@@ -213,7 +213,8 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
         grid = {lp.var.name: int(lp.extent.value) for lp in nest.chain if isinstance(lp.extent, Const)}
         return Frame({}, threads_of(nest, options), device.warp_size, tensor_cores, options, tensors, shared_names,
                      {}, tuple(lp.var for lp in nest.chain if unit_loop(lp)), wgmma,
-                     registers_per_sm=device.registers_per_sm, ranges=ranges, grid=grid)
+                     registers_per_sm=device.registers_per_sm, ranges=ranges, grid=grid,
+                     tma=wgmma and device.tma and options.tma)
 
     split = presplit.plan(gpu.nests, frame_of)
     kernels: list[KernelPlan] = []

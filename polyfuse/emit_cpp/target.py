@@ -82,6 +82,18 @@ class Arg:
 
 
 @dataclass(frozen=True)
+class TensorMapArg:
+    """A tensor map a GPU source's kernels take first, by value (``const __grid_constant__ CUtensorMap name``):
+    input ``tensor`` copied ``box`` elements at a time (innermost dimension first), ``swizzle``-byte swizzled.  The
+    runtime encodes it at launch from the tensor's address and extents (:mod:`polyfuse.runtime.tma`)."""
+
+    name: str
+    tensor: str
+    box: tuple[int, ...]
+    swizzle: int
+
+
+@dataclass(frozen=True)
 class GatherSite:
     """One gathered access of a kernel (:mod:`polyfuse.ir.gather`): a fault the kernel records names its
     site by position (from 1) in :attr:`KernelSource.gathers`, with the value read and the extent."""
@@ -112,6 +124,7 @@ class KernelSource:
     refuses larger ones; None if it assumed none.  ``zeroed`` names the scratch
     arguments that must be zero at the first launch and that every launch leaves at zero (the ticket counters of a
     folded split-k combine, :mod:`polyfuse.emit_cpp.fold`): the runtime zero-fills them when it allocates them.
+    ``maps`` are the tensor maps every kernel takes before the arrays (:class:`TensorMapArg`).
     """
 
     text: str
@@ -123,6 +136,7 @@ class KernelSource:
     gathers: tuple[GatherSite, ...] = ()
     size_limit: int | None = None
     zeroed: tuple[str, ...] = ()
+    maps: tuple[TensorMapArg, ...] = ()
 
     @property
     def signature(self) -> str:

@@ -24,6 +24,7 @@ from polyfuse.emit_cpp.target import Arg, KernelSource
 from polyfuse.errors import LaunchError
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.interpreter import check_promises
+from polyfuse.runtime import tma
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.kernel import KernelBase, raise_gather_fault
 from polyfuse.runtime.loaders import Loader, loader
@@ -57,6 +58,7 @@ class GpuKernel(KernelBase):
         self._functions_on(loader)
         self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
         self._scratch: dict[tuple, list] = {}
+        self._encoded: dict[tuple, bytes] = {}
 
     def __repr__(self) -> str:
         return f"GpuKernel({self.signature}, {len(self.kernel_source.launches)} launch(es) via {self.loader.name})"
@@ -109,10 +111,11 @@ class GpuKernel(KernelBase):
         fault = np.zeros(3, dtype=np.int64)
         if self.kernel_source.gathers:  # the fault record is the last scratch buffer (see cuda.arguments)
             driver.to_device(scratch[-1], fault.ctypes.data, fault.nbytes)
+        maps = self._maps_for(device, values) if self.kernel_source.maps else ()
         for fn, launch in zip(functions, self.kernel_source.launches, strict=True):
             blocks = evaluate(launch.blocks, values)
             if blocks > 0:
-                driver.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args, stream)
+                driver.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args, stream, maps)
         if self.kernel_source.gathers:  # waits for the launches (on any stream): checked before the call returns
             driver.synchronize()
             driver.to_host(fault.ctypes.data, scratch[-1], fault.nbytes)
@@ -159,6 +162,23 @@ class GpuKernel(KernelBase):
         host = np.empty(shape, dtype=spec.dtype.numpy)
         pointer, owner = self.loader.alloc(host.nbytes)
         return _Device(pointer, shape, spec.dtype.name, (owner, host), "numpy-out")
+
+    def _maps_for(self, device: list[_Device], sizes: Mapping[str, int]) -> tuple[bytes, ...]:
+        """The source's tensor maps (:attr:`KernelSource.maps`) of the arrays at these addresses, encoded by the
+        driver once per address and extents (the map is a function of them alone)."""
+        out = []
+        for m in self.kernel_source.maps:
+            k = next(i for i, a in enumerate(self.kernel_source.args) if a.name == m.tensor)
+            spec, pointer = self.kernel_source.args[k], device[k].pointer
+            shape = _shape(spec, sizes)
+            key = (m.name, pointer, shape)
+            if key not in self._encoded:
+                dims, item = tuple(reversed(shape)), spec.dtype.numpy.itemsize
+                strides = tuple(item * int(np.prod(shape[d + 1:], dtype=np.int64))
+                                for d in reversed(range(len(shape) - 1)))  # (of dimensions 1.., innermost first)
+                self._encoded[key] = tma.encode(pointer, spec.dtype.name, dims, strides, m.box, m.swizzle)
+            out.append(self._encoded[key])
+        return tuple(out)
 
     def _scratch_for(self, sizes: Mapping[str, int], driver: Loader) -> list[int]:
         """The scratch buffers of ``sizes`` on ``driver``'s device, allocated at the first call with those sizes

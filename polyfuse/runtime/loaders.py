@@ -72,8 +72,9 @@ class Loader:
         raise NotImplementedError
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
-               sizes: list[int], stream: int = 0) -> None:
-        """Launch ``fn`` on ``stream`` (a driver stream handle; 0: the legacy default stream)."""
+               sizes: list[int], stream: int = 0, maps: tuple[bytes, ...] = ()) -> None:
+        """Launch ``fn`` on ``stream`` (a driver stream handle; 0: the legacy default stream), passing the 128-byte
+        tensor ``maps`` first, by value, then the ``pointers`` and the ``sizes``."""
         raise NotImplementedError
 
     def alloc(self, nbytes: int) -> tuple[int, Any]:
@@ -90,9 +91,11 @@ class Loader:
         raise NotImplementedError
 
 
-def _packed(pointers: list[int], sizes: list[int]) -> tuple[list, Any]:
-    """ctypes values and the array of their addresses that cuLaunchKernel takes as kernelParams."""
-    values = [ctypes.c_void_p(p) for p in pointers] + [ctypes.c_int64(s) for s in sizes]
+def _packed(pointers: list[int], sizes: list[int], maps: tuple[bytes, ...] = ()) -> tuple[list, Any]:
+    """ctypes values and the array of their addresses that cuLaunchKernel takes as kernelParams (the driver
+    copies each from its address into the parameter's place, aligned as the kernel declares it)."""
+    values = ([(ctypes.c_uint8 * len(m)).from_buffer_copy(m) for m in maps] + [ctypes.c_void_p(p) for p in pointers]
+              + [ctypes.c_int64(s) for s in sizes])
     array = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])
     return values, array
 
@@ -171,8 +174,8 @@ class CudaPython(Loader):
         return fn
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
-               sizes: list[int], stream: int = 0) -> None:
-        _values, array = _packed(pointers, sizes)
+               sizes: list[int], stream: int = 0, maps: tuple[bytes, ...] = ()) -> None:
+        _values, array = _packed(pointers, sizes, maps)
         self.check(self.cu.cuLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, shared, stream,
                                           ctypes.addressof(array), 0), "cuLaunchKernel")
 
@@ -248,16 +251,17 @@ class PyCuda(Loader):
         return fn
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
-               sizes: list[int], stream: int = 0) -> None:
+               sizes: list[int], stream: int = 0, maps: tuple[bytes, ...] = ()) -> None:
         if stream:
             raise LaunchError("the pycuda loader launches on the default stream only; build with "
                               "loader='cuda-python' to launch on another library's stream")
-        fmt = "P" * len(pointers) + "q" * len(sizes)
+        # pycuda packs the parameters as struct does: the maps first keep their 64-byte alignment (128 bytes each)
+        fmt = "".join(f"{len(m)}s" for m in maps) + "P" * len(pointers) + "q" * len(sizes)
         if getattr(fn, "_polyfuse_format", None) != fmt:
             fn.prepare(fmt)
             fn._polyfuse_format = fmt
         try:
-            fn.prepared_call((blocks, 1), (threads, 1, 1), *pointers, *sizes, shared_size=shared)
+            fn.prepared_call((blocks, 1), (threads, 1, 1), *maps, *pointers, *sizes, shared_size=shared)
         except self.drv.Error as err:
             raise LaunchError(f"launch failed: {err}") from None
 
@@ -324,7 +328,9 @@ class HipPython(Loader):
         return self.check(self.hip.hipModuleGetFunction(module, name.encode()), f"hipModuleGetFunction({name})")
 
     def launch(self, fn: Any, blocks: int, threads: int, shared: int, pointers: list[int],
-               sizes: list[int], stream: int = 0) -> None:
+               sizes: list[int], stream: int = 0, maps: tuple[bytes, ...] = ()) -> None:
+        if maps:
+            raise LaunchError("a HIP kernel takes no tensor maps (bulk tensor copies are NVIDIA sm_90a's)")
         _values, array = _packed(pointers, sizes)
         self.check(self.hip.hipModuleLaunchKernel(fn, blocks, 1, 1, threads, 1, 1, shared, stream or None,
                                                   ctypes.addressof(array), None), "hipModuleLaunchKernel")

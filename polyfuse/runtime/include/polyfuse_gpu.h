@@ -339,6 +339,22 @@ PF_DEV void tma_load_2d(void* dst, const void* tensor_map, int x, int y, uint64_
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
 }
+// The same for a map of 3, 4 or 5 dimensions (coordinates innermost first): a tile of a tensor whose other
+// dimensions (heads, batch) are boxes of one, so that a box past the end of its own dimension is zero-filled
+// instead of reading the next head's rows.
+PF_DEV void tma_load_3d(void* dst, const void* tensor_map, int x, int y, int z, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n"
+                 :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(smem_addr(bar)) : "memory");
+}
+PF_DEV void tma_load_4d(void* dst, const void* tensor_map, int x, int y, int z, int w, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];\n"
+                 :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(smem_addr(bar)) : "memory");
+}
+PF_DEV void tma_load_5d(void* dst, const void* tensor_map, int x, int y, int z, int w, int v, uint64_t* bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];\n"
+                 :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(z), "r"(w), "r"(v), "r"(smem_addr(bar))
+                 : "memory");
+}
 // The accumulators of one wgmma (32 f32 per thread) as a flat float[32], or as 8 consecutive 8-column tiles
 // [8C .. 8C + 7] of a fragment array float[NT][4] (the m16n8 accumulator layout: tile i, register q).
 PF_DEV float& acc_at(float (&d)[32], int i) { return d[i]; }
