@@ -27,7 +27,7 @@ from polyfuse.ir import dtypes as dt
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.runtime.compiler import HEADERS_DIR, CompileOptions
-from polyfuse.runtime.gpu import GpuKernel
+from polyfuse.runtime.gpu import GpuKernel, _shape
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.runtime.loaders import Loader, PyCuda
 from polyfuse.tiling import to_tiles
@@ -294,6 +294,35 @@ def test_a_launch_goes_to_the_stream_it_is_given(decode_kernel):
     kernel.launch(tuple(inputs.values()), {}, stream=1234)
     count = len(kernel.kernel_source.launches)
     assert [x[6] for x in loader.launches] == [0] * count + [1234] * count
+
+
+class _DeviceArray:
+    """An array on the device as another library hands it over (``__cuda_array_interface__``); nothing reads it."""
+
+    def __init__(self, array: np.ndarray):
+        self.array = array
+        self.__cuda_array_interface__ = {"shape": array.shape, "typestr": array.dtype.str,
+                                         "data": (array.ctypes.data, False), "version": 3}
+
+
+def test_calls_with_device_arrays_are_checked_once_per_shape_and_still_refused_when_wrong(decode_kernel):
+    # The checks of a call with arrays on the device are kept per combination of shapes, dtypes and sizes: a second
+    # call launches the same, and a call with another shape or dtype is still refused with the argument named.
+    kernel, loader = decode_kernel
+    op = ops.get("attn_causal")
+    inputs = {n: _DeviceArray(a) for n, a in op.inputs(0, "decode", op.sizes("decode"), 1.0).items()}
+    outs = [_DeviceArray(np.empty(_shape(a, {}), a.dtype.numpy)) for a in kernel.outputs]
+    args = [inputs[a.name] for a in kernel.inputs] + outs
+    kernel(*args)
+    kernel(*args)
+    count = len(kernel.kernel_source.launches)
+    assert loader.launches[:count] == loader.launches[count:] and len(kernel._calls) == 1
+    wrong = _DeviceArray(np.empty((1, 2, 3), np.float16))
+    with pytest.raises(LaunchError, match=f"argument '{kernel.inputs[0].name}' has shape"):
+        kernel(wrong, *args[1:])
+    other = _DeviceArray(args[0].array.astype(np.float32))
+    with pytest.raises(LaunchError, match=f"argument '{kernel.inputs[0].name}' has dtype f32"):
+        kernel(other, *args[1:])
 
 
 def test_pycuda_launches_on_the_default_stream_of_device_0_only():

@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from polyfuse.emit_cpp import tma
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
 from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body
@@ -107,6 +108,11 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     producers = PRODUCER_WARPS * em.warp
     extent = em.scalar(loop.extent, {})
     stages = fl.stages
+    if fl.boxes:  # (the maps' first use waits for no fetch: they come while the kept tiles are copied)
+        em.open(f"if (pf_tid == {computing})")
+        for m in tma.kernel_maps(fl.boxes.values()):
+            em.line(f"pf::tma_prefetch(&{m.name});")
+        em.close()
     em.open(f"if ({extent} > 0)")
     em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
     _issue(em, fl, body, "kept", var)

@@ -13,6 +13,7 @@ count, kind and device, dtype, shape, C-contiguity; a mismatch raises
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,9 @@ class GpuKernel(KernelBase):
         self.scratch = tuple(a for a in source.args if a.role not in ("input", "output"))
         self._scratch: dict[tuple, list] = {}
         self._encoded: dict[tuple, bytes] = {}
+        self._calls: dict[tuple, tuple[dict[str, int], tuple[int, ...], list[int]]] = {}
+        names = [a.name for a in source.args]
+        self._map_args = tuple((m, names.index(m.tensor)) for m in source.maps)
 
     def __repr__(self) -> str:
         return f"GpuKernel({self.signature}, {len(self.kernel_source.launches)} launch(es) via {self.loader.name})"
@@ -96,9 +100,7 @@ class GpuKernel(KernelBase):
         self.check_counts(arrays, sizes)
         n_in, n_all = len(self.inputs), len(self.inputs) + len(self.outputs)
         described = [_describe(x, spec) for x, spec in zip(arrays, self.kernel_source.args, strict=False)]
-        values = self.resolve_sizes([d.shape for d in described[:n_in]], sizes)
-        for d, spec in zip(described, self.kernel_source.args, strict=False):
-            _check(d, spec, values)
+        values, blocks, size_args = self._checked(described, sizes)
         driver = self._driver_for(described)
         functions = self._functions_on(driver)
         framework = next((d for d in described if d.framework != "numpy"), None)
@@ -107,16 +109,14 @@ class GpuKernel(KernelBase):
             device += [self._fresh(spec, values, framework) for spec in self.outputs]
         scratch = self._scratch_for(values, driver)
         pointers = [d.pointer for d in device] + scratch
-        size_args = [values[s] for s in self.kernel_source.sizes]
-        fault = np.zeros(3, dtype=np.int64)
-        if self.kernel_source.gathers:  # the fault record is the last scratch buffer (see cuda.arguments)
+        fault = np.zeros(3, dtype=np.int64) if self.kernel_source.gathers else None
+        if fault is not None:  # the fault record is the last scratch buffer (see cuda.arguments)
             driver.to_device(scratch[-1], fault.ctypes.data, fault.nbytes)
-        maps = self._maps_for(device, values) if self.kernel_source.maps else ()
-        for fn, launch in zip(functions, self.kernel_source.launches, strict=True):
-            blocks = evaluate(launch.blocks, values)
-            if blocks > 0:
-                driver.launch(fn, blocks, launch.threads, launch.shared, pointers, size_args, stream, maps)
-        if self.kernel_source.gathers:  # waits for the launches (on any stream): checked before the call returns
+        maps = self._maps_for(device) if self._map_args else ()
+        for fn, launch, count in zip(functions, self.kernel_source.launches, blocks, strict=True):
+            if count > 0:
+                driver.launch(fn, count, launch.threads, launch.shared, pointers, size_args, stream, maps)
+        if fault is not None:  # waits for the launches (on any stream): checked before the call returns
             driver.synchronize()
             driver.to_host(fault.ctypes.data, scratch[-1], fault.nbytes)
             raise_gather_fault(self.kernel_source, fault)
@@ -134,6 +134,27 @@ class GpuKernel(KernelBase):
             else:
                 results.append(on_device.owner)
         return results
+
+    def _checked(self, described: list[_Device], sizes: Mapping[str, int]
+                 ) -> tuple[dict[str, int], tuple[int, ...], list[int]]:
+        """The size values, each launch's block count and the size arguments of a call with these arrays, after
+        checking their dtypes and shapes against the signature.  Arrays already on the device are checked once per
+        combination of shapes, dtypes and sizes (the checks read nothing else): a short kernel's launch then pays
+        a dictionary lookup, not the checks."""
+        key = None
+        if all(d.framework != "numpy" for d in described):
+            key = (tuple((d.shape, d.dtype) for d in described), tuple(sizes.items()))
+            found = self._calls.get(key)
+            if found is not None:
+                return found
+        values = self.resolve_sizes([d.shape for d in described[:len(self.inputs)]], sizes)
+        for d, spec in zip(described, self.kernel_source.args, strict=False):
+            _check(d, spec, values)
+        checked = (values, tuple(evaluate(launch.blocks, values) for launch in self.kernel_source.launches),
+                   [values[s] for s in self.kernel_source.sizes])
+        if key is not None:
+            self._calls[key] = checked
+        return checked
 
     def _on_device(self, d: _Device, spec: Arg) -> _Device:
         """A NumPy array copied to the device (an input checked against what it declares first; arrays
@@ -163,27 +184,27 @@ class GpuKernel(KernelBase):
         pointer, owner = self.loader.alloc(host.nbytes)
         return _Device(pointer, shape, spec.dtype.name, (owner, host), "numpy-out")
 
-    def _maps_for(self, device: list[_Device], sizes: Mapping[str, int]) -> tuple[bytes, ...]:
+    def _maps_for(self, device: list[_Device]) -> tuple[bytes, ...]:
         """The source's tensor maps (:attr:`KernelSource.maps`) of the arrays at these addresses, encoded by the
-        driver once per address and extents (the map is a function of them alone)."""
+        driver once per address and extents (the map is a function of them alone): a launch of a short kernel
+        pays a dictionary lookup per map, not an encoding."""
         out = []
-        for m in self.kernel_source.maps:
-            k = next(i for i, a in enumerate(self.kernel_source.args) if a.name == m.tensor)
-            spec, pointer = self.kernel_source.args[k], device[k].pointer
-            shape = _shape(spec, sizes)
-            key = (m.name, pointer, shape)
-            if key not in self._encoded:
-                dims, item = tuple(reversed(shape)), spec.dtype.numpy.itemsize
-                strides = tuple(item * int(np.prod(shape[d + 1:], dtype=np.int64))
-                                for d in reversed(range(len(shape) - 1)))  # (of dimensions 1.., innermost first)
-                self._encoded[key] = tma.encode(pointer, spec.dtype.name, dims, strides, m.box, m.swizzle)
-            out.append(self._encoded[key])
+        for m, k in self._map_args:
+            d = device[k]
+            key = (m.name, d.pointer, d.shape)
+            found = self._encoded.get(key)
+            if found is None:
+                dims, item = tuple(reversed(d.shape)), self.kernel_source.args[k].dtype.numpy.itemsize
+                strides = tuple(item * int(np.prod(d.shape[i + 1:], dtype=np.int64))
+                                for i in reversed(range(len(d.shape) - 1)))  # (of dimensions 1.., innermost first)
+                found = self._encoded[key] = tma.encode(d.pointer, d.dtype, dims, strides, m.box, m.swizzle)
+            out.append(found)
         return tuple(out)
 
     def _scratch_for(self, sizes: Mapping[str, int], driver: Loader) -> list[int]:
         """The scratch buffers of ``sizes`` on ``driver``'s device, allocated at the first call with those sizes
         (a CUDA graph captures only calls after that one); those the source names ``zeroed`` are zero-filled."""
-        key = (driver.ordinal, *sorted(sizes.items()))
+        key = (driver.ordinal, *sizes.items())  # (in the order of the source's size parameters)
         if key not in self._scratch:
             buffers = []
             for spec in self.scratch:
@@ -236,9 +257,7 @@ def _describe(x: object, spec: Arg) -> _Device:
                               f"CUDA tensor (or a NumPy array, copied in)")
         if not x.is_contiguous():
             raise LaunchError(f"argument {spec.name!r} is not contiguous; pass .contiguous()")
-        name = str(x.dtype).removeprefix("torch.")
-        dtype = next((k for k, v in TORCH_DTYPES.items() if v == name), name)
-        return _Device(x.data_ptr(), tuple(x.shape), dtype, x, "torch")
+        return _Device(x.data_ptr(), tuple(x.shape), _torch_name(x.dtype), x, "torch")
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
         shape = tuple(cai["shape"])
@@ -249,6 +268,13 @@ def _describe(x: object, spec: Arg) -> _Device:
         return _Device(int(cai["data"][0]), shape, _numpy_name(dtype), x, "cai")
     raise LaunchError(f"argument {spec.name!r} must be a NumPy array, a CUDA PyTorch tensor or an array with "
                       f"__cuda_array_interface__; got {type(x).__name__}")
+
+
+@functools.cache
+def _torch_name(dtype: object) -> str:
+    """polyfuse's name of a PyTorch dtype (its own where polyfuse has none: the check then names it)."""
+    name = str(dtype).removeprefix("torch.")
+    return next((k for k, v in TORCH_DTYPES.items() if v == name), name)
 
 
 def _numpy_name(dtype: np.dtype) -> str:

@@ -93,7 +93,13 @@ class Loader:
 
 def _packed(pointers: list[int], sizes: list[int], maps: tuple[bytes, ...] = ()) -> tuple[list, Any]:
     """ctypes values and the array of their addresses that cuLaunchKernel takes as kernelParams (the driver
-    copies each from its address into the parameter's place, aligned as the kernel declares it)."""
+    copies each from its address into the parameter's place, aligned as the kernel declares it), kept for the
+    arguments of recent launches: a kernel called again with the same arrays builds nothing."""
+    return _packed_of(tuple(pointers), tuple(sizes), maps)
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_of(pointers: tuple[int, ...], sizes: tuple[int, ...], maps: tuple[bytes, ...]) -> tuple[list, Any]:
     values = ([(ctypes.c_uint8 * len(m)).from_buffer_copy(m) for m in maps] + [ctypes.c_void_p(p) for p in pointers]
               + [ctypes.c_int64(s) for s in sizes])
     array = (ctypes.c_void_p * max(1, len(values)))(*[ctypes.addressof(v) for v in values])

@@ -335,6 +335,10 @@ PF_DEV void mbarrier_wait(uint64_t* bar, int parity) {
                  "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
                  "@!done bra wait;\n}\n" :: "r"(smem_addr(bar)), "r"(parity) : "memory");
 }
+// Bring a tensor map (a kernel parameter) into the copy engine's cache before its first copy needs it.
+PF_DEV void tma_prefetch(const void* tensor_map) {
+    asm volatile("prefetch.tensormap [%0];\n" :: "l"(tensor_map) : "memory");
+}
 PF_DEV void tma_load_2d(void* dst, const void* tensor_map, int x, int y, uint64_t* bar) {
     asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
                  :: "r"(smem_addr(dst)), "l"(tensor_map), "r"(x), "r"(y), "r"(smem_addr(bar)) : "memory");
