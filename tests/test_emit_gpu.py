@@ -27,7 +27,7 @@ from polyfuse.ir import dtypes as dt
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule, has_default_schedule
 from polyfuse.runtime.compiler import HEADERS_DIR, CompileOptions
-from polyfuse.runtime.gpu import GpuKernel, _shape
+from polyfuse.runtime.gpu import GpuKernel
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.runtime.loaders import Loader, PyCuda
 from polyfuse.tiling import to_tiles
@@ -311,7 +311,7 @@ def test_calls_with_device_arrays_are_checked_once_per_shape_and_still_refused_w
     kernel, loader = decode_kernel
     op = ops.get("attn_causal")
     inputs = {n: _DeviceArray(a) for n, a in op.inputs(0, "decode", op.sizes("decode"), 1.0).items()}
-    outs = [_DeviceArray(np.empty(_shape(a, {}), a.dtype.numpy)) for a in kernel.outputs]
+    outs = [_DeviceArray(np.empty(a.shape, a.dtype.numpy)) for a in kernel.outputs]
     args = [inputs[a.name] for a in kernel.inputs] + outs
     kernel(*args)
     kernel(*args)
@@ -323,6 +323,24 @@ def test_calls_with_device_arrays_are_checked_once_per_shape_and_still_refused_w
     other = _DeviceArray(args[0].array.astype(np.float32))
     with pytest.raises(LaunchError, match=f"argument '{kernel.inputs[0].name}' has dtype f32"):
         kernel(other, *args[1:])
+
+
+def test_a_tensor_the_bulk_copies_cannot_map_is_refused_with_its_name(tmp_path):
+    # A kernel whose producer brings k and v by bulk tensor copies encodes their maps at launch; a k whose address
+    # is not 16-byte aligned (a view one element in) is refused before the driver is asked, naming k.
+    source = emit(_tiles("attn_global", "prefill", Sq=256, Skv=384, D=64, Dv=64), CUDA)
+    assert {m.tensor for m in source.maps} == {"k", "v"}
+    image = tmp_path / "k.cubin"
+    image.write_bytes(b"")
+    kernel = GpuKernel(source, image, RecordingLoader())
+    op = ops.get("attn_global")
+    sizes = {**op.sizes("prefill"), "Sq": 256, "Skv": 384, "D": 64, "Dv": 64}
+    inputs = op.inputs(0, "prefill", sizes, 1.0)
+    k = np.empty(inputs["k"].size + 1, np.float16)[1:].reshape(inputs["k"].shape)
+    args = [_DeviceArray(k if a.name == "k" else inputs[a.name]) for a in kernel.inputs]
+    outs = [_DeviceArray(np.empty(a.shape, a.dtype.numpy)) for a in kernel.outputs]
+    with pytest.raises(LaunchError, match="argument 'k' \\(its bulk tensor copies\\).*multiples of 16"):
+        kernel(*args, *outs)
 
 
 def test_pycuda_launches_on_the_default_stream_of_device_0_only():

@@ -650,7 +650,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         return (inputs + outputs + scratch + tickets + [part for split in self.presplit.values() for part in split]
                 + fault)
 
-    def tensor_maps(self) -> tuple[tma.TensorMap, ...]:
+    def tensor_maps(self) -> tuple[TensorMapArg, ...]:
         """The tensor maps the kernels' bulk copies read (:mod:`~polyfuse.emit_cpp.tma`), every kernel's first
         parameters: decided by the plan, before any kernel is printed."""
         return tma.kernel_maps(box for k in self.plan.kernels for lp in k.loops.values() if lp.fragments is not None
@@ -682,4 +682,4 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         zeroed = tuple(k.fold.counter.name for k in self.plan.kernels if k.fold is not None)
         return KernelSource("\n".join(self.lines) + "\n", entry, signature, tuple(v.name for v in p.params),
                             self.target, launches, tuple(self.gather_sites), self.widths.size_limit, zeroed,
-                            tuple(TensorMapArg(m.name, m.tensor, m.box, tma.SWIZZLE) for m in maps))
+                            maps)

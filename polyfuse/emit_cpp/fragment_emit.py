@@ -202,7 +202,7 @@ def _bulk(em: CudaEmitter, fl: FragmentLoop, body: tuple[TileStore, ...], var: s
     stage's ``full`` mbarrier first (:attr:`FragmentLoop.boxes`)."""
     stage = _stage_of(fl, var)
     copies = [(fl.boxes[(st.block, role)], _buffer(fl, st.buffers[role], var))
-              for st, role, op, _low in _memory_operands(em, fl, body) if (st.block, role) in fl.boxes]
+              for st, role, _op, _low in _memory_operands(em, fl, body) if (st.block, role) in fl.boxes]
     em.line(f"pf::mbarrier_expect_tx(&{fl.barriers}[{stage}], {sum(box.nbytes for box, _ in copies)});")
     for box, arr in copies:
         coords = [f"static_cast<int>({em.scalar(c, {})})" for c in box.coords]

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from polyfuse.emit_cpp.dotplan import PANEL, Frame, Staged, raw_staging
+from polyfuse.emit_cpp.target import TensorMapArg
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import linear_form
 from polyfuse.ir.dtypes import DType
@@ -31,7 +32,7 @@ from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.stmt import INPUT
 from polyfuse.tiling.htile import Broadcast, Iota, Slice, TileLoad, depends_on
 
-__all__ = ["MAX_RANK", "SWIZZLE", "TensorBox", "TensorMap", "kernel_maps", "tensor_box"]
+__all__ = ["MAX_RANK", "SWIZZLE", "TensorBox", "kernel_maps", "tensor_box"]
 
 SWIZZLE = 128
 """Bytes of the swizzle the maps ask for: one 64-column panel of 16-bit values per box row."""
@@ -44,22 +45,11 @@ PANEL_ALIGN = 1024
 
 
 @dataclass(frozen=True)
-class TensorMap:
-    """A tensor map a kernel takes (C parameter ``name``): input ``tensor`` copied ``box`` elements at a time
-    (innermost dimension first), ``SWIZZLE``-byte swizzled.  The runtime encodes it from the tensor's address and
-    extents at launch."""
-
-    name: str
-    tensor: str
-    box: tuple[int, ...]
-
-
-@dataclass(frozen=True)
 class TensorBox:
     """One operand tile brought by bulk copies: ``panels`` boxes of ``map``, box ``p`` at ``coords`` (innermost
     first) with the innermost coordinate ``64·p`` further, landing ``panel_elements`` 16-bit elements apart."""
 
-    map: TensorMap
+    map: TensorMapArg
     coords: tuple[Expr, ...]
     panels: int
     panel_elements: int
@@ -106,7 +96,7 @@ def tensor_box(frame: Frame, op: Staged, low: DType) -> TensorBox | str:
     box = tuple(PANEL if d == rank - 1 else op.outer if d == slices[outer][0] else 1 for d in reversed(range(rank)))
     coords = tuple((i.start if isinstance(i, Slice) else i) for i in reversed(load.index))
     name = f"pf_map_{tensor.name}_{'x'.join(map(str, box))}"
-    return TensorBox(TensorMap(name, tensor.name, box), coords, op.inner // PANEL, op.outer * PANEL)
+    return TensorBox(TensorMapArg(name, tensor.name, box, SWIZZLE), coords, op.inner // PANEL, op.outer * PANEL)
 
 
 def _conjuncts(conditions: Iterable[Expr]) -> list[Expr]:
@@ -114,7 +104,7 @@ def _conjuncts(conditions: Iterable[Expr]) -> list[Expr]:
     out: list[Expr] = []
     for c in conditions:
         c = _scalar(c)
-        out.extend(_conjuncts((c.a, c.b)) if isinstance(c, BinOp) and c.op in ("&", "&&", "and") else [c])
+        out.extend(_conjuncts((c.a, c.b)) if isinstance(c, BinOp) and c.op == "and" else [c])
     return out
 
 
@@ -143,6 +133,6 @@ def _bound(c: Expr, load: TileLoad, slices: dict[str, tuple[int, Slice]]) -> boo
     return False
 
 
-def kernel_maps(boxes: Iterable[TensorBox]) -> tuple[TensorMap, ...]:
+def kernel_maps(boxes: Iterable[TensorBox]) -> tuple[TensorMapArg, ...]:
     """The distinct maps of ``boxes``, in order (named by tensor and box: one name, one map)."""
     return tuple(dict.fromkeys(b.map for b in boxes))

@@ -197,7 +197,12 @@ class GpuKernel(KernelBase):
                 dims, item = tuple(reversed(d.shape)), self.kernel_source.args[k].dtype.numpy.itemsize
                 strides = tuple(item * int(np.prod(d.shape[i + 1:], dtype=np.int64))
                                 for i in reversed(range(len(d.shape) - 1)))  # (of dimensions 1.., innermost first)
-                found = self._encoded[key] = tma.encode(d.pointer, d.dtype, dims, strides, m.box, m.swizzle)
+                try:
+                    found = self._encoded[key] = tma.encode(d.pointer, d.dtype, dims, strides, m.box, m.swizzle)
+                except LaunchError as err:
+                    raise LaunchError(f"kernel {self.name}: argument {m.tensor!r} (its bulk tensor copies): {err}; "
+                                      "pass a tensor whose address is 16-byte aligned, or build with "
+                                      "CodegenOptions(tma=False)") from None
             out.append(found)
         return tuple(out)
 

@@ -132,13 +132,14 @@ def polynomial_state(solver, reasons: list[str]) -> Repair | None:
              "split-local references, each shifted to r' and added: Chan's parallel formula)")
     auxiliaries = []
     for k, ((alphas, term), h) in enumerate(zip(classes, hs[1:], strict=True)):
+        factored = _factored(term)
         try:
-            ir = from_sympy(_factored(term), solver.table.mapping, solver.dtype)
+            ir = from_sympy(factored, solver.table.mapping, solver.dtype)
         except PolyfuseError as err:
             reasons.append(f"the auxiliary term {term} cannot be written as IR: {err}")
             return None
-        aux_repair = solver._repair(h, proof, g=_factored(term), state=state)
-        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, _factored(term), _why(alphas, old), aux_repair))
+        aux_repair = solver._repair(h, proof, g=factored, state=state)
+        auxiliaries.append(Auxiliary(f"aux{k + 1}", ir, factored, _why(alphas, old), aux_repair))
     return solver._repair(hs[0], proof, state=state, auxiliaries=tuple(auxiliaries))
 
 
