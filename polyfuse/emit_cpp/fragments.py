@@ -768,10 +768,12 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
         result = _bulk_copies(frame, result)
     budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
     room = budget - result.tiles - REGISTER_OVERHEAD
+    own = _own_tiles(result, body)
     result = dataclasses.replace(result, stmts={block: st if st.dot is None or st.accumulates else
-                                                dataclasses.replace(st, dot=warpgroups.folded(st.dot, room))
+                                                dataclasses.replace(st, dot=warpgroups.folded(
+                                                    st.dot, room + own.get(block, 0)))
                                                 for block, st in result.stmts.items()})
-    deferred = _deferred(frame, loop, body, result, budget)
+    deferred = _deferred(frame, loop, body, result, budget, own)
     if deferred is None:
         return result
     warpgroups_computing = shape.rows // WARPGROUP_ROWS
@@ -779,6 +781,18 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
                                buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers),
                                turns=warpgroups_computing if frame.options.warpgroup_turns and warpgroups_computing > 1
                                else 0)
+
+
+def _own_tiles(fl: FragmentLoop, body: tuple[TileStore, ...]) -> dict[str, int]:
+    """Registers of each product statement's own tile that its product's accumulators may take: a tile the loop
+    allocates at each iteration is dead from the iteration's start until its statement writes it, and the
+    statement is what consumes the product (``score = (q·kᵀ)·scale``), so the two are never live together beyond
+    that statement — counting both would halve the registers a loop of three computing warpgroups seems to have
+    (160 each beside the producer)."""
+    held = {h.name: h for h in fl.held}
+    return {s.block: h.cols // 2 for s in body
+            if fl.stmts[s.block].dot is not None and (h := held.get(s.tensor.name)) is not None
+            and h.per_iteration and h.col_dim is not None}
 
 
 def _bulk_copies(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
@@ -804,8 +818,8 @@ def _bulk_copies(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
     return dataclasses.replace(fl, boxes=boxes, copies=f"one of its threads issues bulk tensor copies ({maps})")
 
 
-def _deferred(frame: Frame, loop: Loop, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int
-              ) -> Deferred | None:
+def _deferred(frame: Frame, loop: Loop, body: tuple[TileStore, ...], fl: FragmentLoop, budget: int,
+              own: Mapping[str, int]) -> Deferred | None:
     """The product of ``fl`` to issue one iteration late (:class:`Deferred`), if one may be: with a producer
     warpgroup (the options' ``overlap_products``), the first warpgroup product whose ``a`` is computed from
     registers, issued whole, after another product (issued whole) of the iteration; its statement unmasked, its
@@ -843,8 +857,9 @@ def _deferred(frame: Frame, loop: Loop, body: tuple[TileStore, ...], fl: Fragmen
             return None
         if not _elementwise_reads_only(st.value, set(st.row_parts[st.value]), name):
             return None
-        others = max((p.accumulators for b, p in fl.stmts.items() if b != s.block), default=0)
-        if fl.tiles + deferred_registers(st) + others > budget:
+        others = max((max(p.accumulators - own.get(b, 0), 0) for b, p in fl.stmts.items() if b != s.block),
+                     default=0)
+        if fl.tiles + deferred_registers(st) + others + REGISTER_OVERHEAD > budget:
             return None
         return Deferred(s.block, before[-1].block)
     return None

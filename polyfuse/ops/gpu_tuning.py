@@ -37,6 +37,21 @@ class GpuTuning:
     longer key tile halves the iterations each block waits on (with the producer warpgroup, faster than 64 for
     every prefill operator measured on the H100; the divide-inside form is fastest with 64 keys and no producer:
     benchmarks/results/2026-11-27_H100_501f5e6)."""
+    prefill_wgmma_rows: tuple[tuple[int, int], ...] = ((64, 192),)
+    """Wider query tiles of fused prefill attention where the device has warpgroup products, by the value head's
+    width: ``(widest dv, rows)`` pairs, the first that admits the program's dv is a candidate against
+    ``prefill_tile``'s rows.  192 rows are three computing warpgroups beside the producer, 160 registers each,
+    which hold a 64-wide value head's accumulators with the next score tile and the late P·V's operands
+    (FlashAttention-3's choice for these heads); a 128-wide head needs two warpgroups of 240.  Taken by the wave
+    rule of ``prefill_wgmma_rows_gain``, and only where the sequence spans two such tiles."""
+    prefill_wgmma_rows_gain: int = 8
+    """Percent by which the wider tile of ``prefill_wgmma_rows`` computes a row faster where both tiles fill
+    whole waves.  Each prefill block takes a whole SM (the producer's and the computing warpgroups' registers),
+    so a grid runs in ``ceil(blocks / SMs)`` waves of one tile's time: the wider tile is taken where its waves ×
+    rows, less this gain, are fewer than the narrower's.  Measured on the H200 (attn_global, 16 heads, same
+    process, benchmarks/results/2026-11-28_H200_f0a8ace_rows192): 192 rows against 128 at S = 3072 and 6144 (the
+    same waves × rows) 1.079× and 1.093× faster; at S = 1024, 2048, 4096, 8192 (more waves × rows with 192)
+    0.83×, 0.78×, 0.98×, 0.97×; at 16384 (3% more) 1.064× — each as the rule predicts."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
@@ -157,7 +172,8 @@ class GpuTuning:
             return max(floor, n // 2) if n > floor else n
 
         return dataclasses.replace(
-            self, prefill_tile=tuple(half(n) for n in self.prefill_tile), decode_heads=half(self.decode_heads, 1),
+            self, prefill_tile=tuple(half(n) for n in self.prefill_tile), prefill_wgmma_rows=(),
+            decode_heads=half(self.decode_heads, 1),
             decode_tile=half(self.decode_tile), decode_tile_bytes=half(self.decode_tile_bytes, 4096),
             row_tile=half(self.row_tile, 256), gemm_tile=tuple(half(n) for n in self.gemm_tile),
             gate_tile=tuple(half(n) for n in self.gate_tile),
@@ -167,6 +183,14 @@ class GpuTuning:
         for f in dataclasses.fields(self):
             value, default = getattr(self, f.name), f.default
             if value is None and f.name == "warps":
+                continue
+            if f.name == "prefill_wgmma_rows":
+                if not (isinstance(value, tuple) and all(
+                        isinstance(p, tuple) and len(p) == 2 and all(type(n) is int and n > 0 for n in p)
+                        and p[1] % 64 == 0 for p in value)):
+                    raise PolyfuseError(f"GpuTuning.prefill_wgmma_rows = {value!r}: must be a tuple of (widest value "
+                                        "head, query rows) pairs of positive integers, the rows whole warpgroups of "
+                                        f"64 (default {default!r}; () for prefill_tile's rows everywhere)")
                 continue
             numbers = value if isinstance(value, tuple) else (value,)
             width = len(default) if isinstance(default, tuple) else 1

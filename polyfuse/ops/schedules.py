@@ -583,6 +583,8 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
         rows, keys = tuning.prefill_tile
         keys = tuning.prefill_wgmma_keys if device.wgmma else keys
         rows = _fit(rows, _extent(sch, i))
+        if device.wgmma:
+            rows = _prefill_rows(sch, device, tuning, rows)
         if device.mma_sync:
             rows = max(rows, min(tuning.prefill_tile[0], tuning.prefill_min_rows))
         _attention_prefill(sch, (rows, _fit(keys, _extent(sch, j))))
@@ -594,6 +596,26 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
         _gpu_rolling(sch, *plan.rolling, tuning.row_tile)  # type: ignore[attr-defined]
     else:
         plan(sch)
+
+
+def _prefill_rows(sch: Schedule, device: DeviceSpec, tuning: GpuTuning, rows: int) -> int:
+    """Query rows per block of prefill attention on a device with warpgroup products: the wider tile of
+    ``tuning.prefill_wgmma_rows`` for the program's value head where its waves of whole-SM blocks, times its
+    rows, less ``tuning.prefill_wgmma_rows_gain``, undercut ``rows``'s (see there); else ``rows``."""
+    b, h, i, _, _ = sch.get_loops("qk")
+    extents = [_extent(sch, lp) for lp in (b, h, i)]
+    dv = _extent(sch, sch.get_loops("pv")[3])
+    if dv is None or any(e is None for e in extents):
+        return rows
+    wide = next((r for widest, r in tuning.prefill_wgmma_rows if dv <= widest), None)
+    batch, heads, extent = extents
+    if wide is None or extent < 2 * wide:
+        return rows
+
+    def cost(r: int) -> int:
+        return -(-batch * heads * -(-extent // r) // device.sms) * r
+
+    return wide if cost(wide) * 100 < cost(rows) * (100 + tuning.prefill_wgmma_rows_gain) else rows
 
 
 def _ask_warps(sch: Schedule, warps: int) -> None:

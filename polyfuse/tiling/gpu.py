@@ -1,8 +1,11 @@
 """The GPU stages of a tile program: what the CUDA and HIP emitters lower, as named, dumpable passes.
 
 Between the target-independent tile program (:func:`~polyfuse.tiling.to_tiles`) and the GPU code generator
-run four ``TileProgram → TileProgram`` passes, in this order (:data:`GPU_STAGES`):
+run five ``TileProgram → TileProgram`` passes, in this order (:data:`GPU_STAGES`):
 
+``pad``
+    the ragged last tile of a parallel axis is computed whole where its extra rows provably reach no memory
+    and no real row, so that its statements need no row guard (:mod:`~polyfuse.tiling.pad`);
 ``simplify``
     masks and selects that hold on a whole tile axis are decided once (:mod:`~polyfuse.tiling.simplify`);
 ``skip``
@@ -26,10 +29,11 @@ from dataclasses import dataclass
 from polyfuse.tiling.grid import GridNest, partition
 from polyfuse.tiling.htile import TileProgram, print_tile_program, tile_stmt_str
 from polyfuse.tiling.inline import inline_products
+from polyfuse.tiling.pad import pad_rows
 from polyfuse.tiling.simplify import simplify_tiles
 from polyfuse.tiling.skip import skip_masked_tiles
 
-GPU_STAGES = ("simplify", "skip", "inline", "grid")
+GPU_STAGES = ("pad", "simplify", "skip", "inline", "grid")
 
 
 @dataclass(frozen=True)
@@ -55,11 +59,12 @@ class GpuProgram:
 
 def gpu_stages(program: TileProgram) -> tuple[tuple[str, TileProgram | GpuProgram], ...]:
     """``(stage, result)`` for every GPU stage in order; the last is the :class:`GpuProgram`."""
-    simplified = simplify_tiles(program)
+    padded = pad_rows(program)
+    simplified = simplify_tiles(padded)
     skipped = skip_masked_tiles(simplified)
     inlined = inline_products(skipped)
     partitioned, nests = partition(inlined)
-    return (("simplify", simplified), ("skip", skipped), ("inline", inlined),
+    return (("pad", padded), ("simplify", simplified), ("skip", skipped), ("inline", inlined),
             ("grid", GpuProgram(partitioned, nests)))
 
 

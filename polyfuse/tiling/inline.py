@@ -153,9 +153,14 @@ def _fold(s: Stmt) -> Stmt:
 
 def _fold_expr(e: Expr) -> Expr:
     def fn(x: Expr) -> Expr | None:
-        if not (isinstance(x, Select) and isinstance(x.cond, Const)):
+        if not isinstance(x, Select):
             return None
-        taken = _fold_expr(x.true_value if x.cond.value else x.false_value)
+        cond = x.cond
+        while isinstance(cond, Broadcast):  # a constant over some axes (a padded row guard decided)
+            cond = cond.tile
+        if not isinstance(cond, Const):
+            return None
+        taken = _fold_expr(x.true_value if cond.value else x.false_value)
         want = axes_of(x)
         if axes_of(taken) == want:
             return taken
