@@ -130,3 +130,15 @@ def test_wide_query_tiles_are_taken_by_the_wave_rule(sizes, rows):
     narrow = default_schedule("attn_global", "prefill", op.program("prefill", **sizes), target="cuda",
                               device=PRESETS["sm_90a"], tuning=GpuTuning(prefill_wgmma_rows=())).program
     assert next(t for t in to_tiles(narrow).tensors if t.name == "score").shape[2].value == min(128, rows)
+
+
+def test_the_wider_tile_is_refused_where_it_would_lose_the_late_product():
+    # The divide-inside form keeps its late P·V with 128 rows (240 registers per computing thread) but not with
+    # 192 (160): there the wave rule's choice is overruled, the overlap being worth more than the tile.
+    from polyfuse.device import PRESETS
+
+    op = ops.get("attn_norm_inside")
+    sizes = {**op.presets["prefill"], "Sq": 3072, "Skv": 3072}
+    program = default_schedule("attn_norm_inside", "prefill", op.program("prefill", **sizes), target="cuda",
+                               device=PRESETS["sm_90a"]).program
+    assert next(t for t in to_tiles(program).tensors if t.name == "score").shape[2].value == 128

@@ -49,7 +49,7 @@ class GpuTuning:
     whole waves.  Each prefill block takes a whole SM (the producer's and the computing warpgroups' registers),
     so a grid runs in ``ceil(blocks / SMs)`` waves of one tile's time: the wider tile is taken where its waves ×
     rows, less this gain, are fewer than the narrower's.  Measured on the H200 (attn_global, 16 heads, same
-    process, benchmarks/results/2026-11-28_H200_f0a8ace_rows192): 192 rows against 128 at S = 3072 and 6144 (the
+    process, benchmarks/results/2026-11-28_H200_77ade3a_rows192): 192 rows against 128 at S = 3072 and 6144 (the
     same waves × rows) 1.079× and 1.093× faster; at S = 1024, 2048, 4096, 8192 (more waves × rows with 192)
     0.83×, 0.78×, 0.98×, 0.97×; at 16384 (3% more) 1.064× — each as the rule predicts."""
     prefill_min_rows: int = 32

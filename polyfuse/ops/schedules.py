@@ -579,15 +579,7 @@ def has_default_schedule(name: str, mode: str) -> bool:
 
 def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning) -> None:
     if plan is _attention_prefill:
-        _, _, i, j, _ = sch.get_loops("qk")
-        rows, keys = tuning.prefill_tile
-        keys = tuning.prefill_wgmma_keys if device.wgmma else keys
-        rows = _fit(rows, _extent(sch, i))
-        if device.wgmma:
-            rows = _prefill_rows(sch, device, tuning, rows)
-        if device.mma_sync:
-            rows = max(rows, min(tuning.prefill_tile[0], tuning.prefill_min_rows))
-        _attention_prefill(sch, (rows, _fit(keys, _extent(sch, j))))
+        _attention_prefill(sch, _prefill_tile(sch, device, tuning))
     elif plan is _attention_decode:
         _attention_decode_gpu(sch, device=device, tuning=tuning)
     elif hasattr(plan, "gpu"):
@@ -596,6 +588,19 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
         _gpu_rolling(sch, *plan.rolling, tuning.row_tile)  # type: ignore[attr-defined]
     else:
         plan(sch)
+
+
+def _prefill_tile(sch: Schedule, device: DeviceSpec, tuning: GpuTuning) -> tuple[int, int]:
+    """Query rows × key columns per block of fused prefill attention on ``device`` (see :class:`GpuTuning`)."""
+    _, _, i, j, _ = sch.get_loops("qk")
+    rows, keys = tuning.prefill_tile
+    keys = tuning.prefill_wgmma_keys if device.wgmma else keys
+    rows = _fit(rows, _extent(sch, i))
+    if device.mma_sync:
+        rows = max(rows, min(tuning.prefill_tile[0], tuning.prefill_min_rows))
+    if device.wgmma:
+        rows = _prefill_rows(sch, device, tuning, rows)
+    return rows, _fit(keys, _extent(sch, j))
 
 
 def _prefill_rows(sch: Schedule, device: DeviceSpec, tuning: GpuTuning, rows: int) -> int:
@@ -717,7 +722,24 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
     if tuning.warps is not None:
         _ask_warps(sch, tuning.warps)
     sch.compact_buffers()
+    narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
+    if plan is _attention_prefill and device.wgmma and (_prefill_tile(Schedule(program), device, tuning)
+                                                         != _prefill_tile(Schedule(program), device, narrower)):
+        narrow = _gpu_schedule(program, plan, device, narrower, backend, options)
+        if _late_products(narrow, backend, device, options) > _late_products(sch, backend, device, options):
+            # The wider tile's registers cannot keep a product in flight across the softmax that the narrower
+            # one keeps (the divide-inside form's reciprocal rows): that overlap is worth more than the tile
+            # (benchmarks/results/2026-11-28_H200_77ade3a_rows192).
+            return narrow
     return sch
+
+
+def _late_products(sch: Schedule, backend: str, device: DeviceSpec, options: CodegenOptions | None) -> int:
+    """How many fragment loops of ``sch``'s kernels issue a product one iteration late (planned, not printed)."""
+    _, planned = gpu_plan(skip_masked_tiles(to_tiles(sch.program)),
+                          Target(backend, device, options or CodegenOptions()))
+    return sum(lp.fragments is not None and lp.fragments.deferred is not None
+               for k in planned.kernels for lp in k.loops.values())
 
 
 def _fits(sch: Schedule, backend: str, device: DeviceSpec) -> bool:
