@@ -366,6 +366,36 @@ def map_tile_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
     return with_children(e, tuple(map_tile_expr(c, fn) for c in kids))
 
 
+def constant_condition(e: Expr | None) -> bool | None:
+    """The value of a condition that is a constant (possibly broadcast over some axes), else None."""
+    while isinstance(e, Broadcast):
+        e = e.tile
+    return bool(e.value) if isinstance(e, Const) and e.dtype == dt.bool_ else None
+
+
+def fold_constant_selects(e: Expr) -> Expr:
+    """``e`` with each select on a constant condition replaced by the branch taken, broadcast back to the
+    select's axes (left as it is where they cannot be named)."""
+    def fn(x: Expr) -> Expr | None:
+        if not isinstance(x, Select) or (cond := constant_condition(x.cond)) is None:
+            return None
+        return broadcast_like(fold_constant_selects(x.true_value if cond else x.false_value), x)
+
+    return map_tile_expr(e, fn)
+
+
+def broadcast_like(part: Expr, whole: Expr) -> Expr | None:
+    """``part`` (a value ``whole`` reduces to once a condition is decided) over ``whole``'s axes: as it is where it
+    has them, broadcast where it lacks some, None where they cannot be named."""
+    want = axes_of(whole)
+    if axes_of(part) == want:
+        return part
+    sizes = expr_axis_sizes([whole])
+    if set(axes_of(part)) <= set(want) and all(a in sizes for a in want):
+        return Broadcast(part, tuple((a, sizes[a]) for a in want))
+    return None
+
+
 # ------------------------------------------------------------------ text form
 # One line per tile statement, axes named on every tile: meant for reading
 # (``polyfuse show OP --stage tile``) and for golden tests.  It is the ``str()`` of the

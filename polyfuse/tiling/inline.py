@@ -27,7 +27,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 
-from polyfuse.ir.expr import Const, Expr, Select
+from polyfuse.ir.expr import Const, Expr
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
     Broadcast,
@@ -41,7 +41,7 @@ from polyfuse.tiling.htile import (
     TileProgram,
     TileStore,
     axes_of,
-    expr_axis_sizes,
+    fold_constant_selects,
     map_tile_expr,
     walk_tile_expr,
     walk_tile_stmts,
@@ -147,29 +147,8 @@ def _fold(s: Stmt) -> Stmt:
     if isinstance(s, Seq):
         return s.replace(stmts=tuple(_fold(c) for c in s.stmts))
     if isinstance(s, TileStore):
-        return dataclasses.replace(s, value=_fold_expr(s.value))
+        return dataclasses.replace(s, value=fold_constant_selects(s.value))
     return s
-
-
-def _fold_expr(e: Expr) -> Expr:
-    def fn(x: Expr) -> Expr | None:
-        if not isinstance(x, Select):
-            return None
-        cond = x.cond
-        while isinstance(cond, Broadcast):  # a constant over some axes (a padded row guard decided)
-            cond = cond.tile
-        if not isinstance(cond, Const):
-            return None
-        taken = _fold_expr(x.true_value if cond.value else x.false_value)
-        want = axes_of(x)
-        if axes_of(taken) == want:
-            return taken
-        sizes = expr_axis_sizes([x])
-        if set(axes_of(taken)) <= set(want) and all(a in sizes for a in want):
-            return Broadcast(taken, tuple((a, sizes[a]) for a in want))
-        return None
-
-    return map_tile_expr(e, fn)
 
 
 def _substitute(s1: TileStore, s2: TileStore) -> TileStore:

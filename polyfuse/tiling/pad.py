@@ -1,7 +1,9 @@
 """Padded rows: the ragged last tile of a parallel axis computed whole, its extra rows discarded.
 
 A row loop split into tiles that do not divide it (4096 query rows in tiles of 192) guards every
-statement of the last tile with the rows it holds: ``192·i_0 + iota(ax0) < 4096``.  The guard is in
+statement of the last tile with the rows it holds: ``192·i_0 + iota(ax0) < 4096``.  (A rolling loop's ragged
+last tile — 40 keys in tiles of 32 — is a family too; the statements that reduce or contract over its keys keep
+the guard, by the rule below, and the proof does not ask the loop to be parallel.)  The guard is in
 each store's mask, in each load's mask, and inside the selects that start a reduction, so every
 statement of the tile loop is masked: the GPU code generator then keeps the tile in shared memory
 instead of registers, cannot inline the products into their readers nor issue them late, and
@@ -35,11 +37,11 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
-from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt, Tensor
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Iota, Reduce, Slice, TileLoad, TileProgram, TileStore, map_tile_expr, walk_tile_expr,
-    walk_tile_stmts,
+    Dot, Iota, Reduce, Slice, TileLoad, TileProgram, TileStore, broadcast_like, constant_condition,
+    fold_constant_selects, map_tile_expr, walk_tile_expr, walk_tile_stmts,
 )
 
 @dataclasses.dataclass(frozen=True)
@@ -64,7 +66,7 @@ def pad_rows(program: TileProgram) -> TileProgram:
     return program if body is program.body else dataclasses.replace(program, body=body)
 
 
-def _pad(body: Stmt, guard: _Guard, extents: dict[str, int], temps: dict) -> Stmt:
+def _pad(body: Stmt, guard: _Guard, extents: dict[str, int], temps: dict[str, Tensor]) -> Stmt:
     stores = list(_stores(body))
     rows: dict[int, str] = {}
     for s in stores:
@@ -89,7 +91,7 @@ def _pad(body: Stmt, guard: _Guard, extents: dict[str, int], temps: dict) -> Stm
         fn = _dropper(guard, padded)
         value = _fold(map_tile_expr(s.value, fn))
         mask = None if s.mask is None else _fold(map_tile_expr(s.mask, fn))
-        return dataclasses.replace(s, value=value, mask=None if _is_true(mask) else mask)
+        return dataclasses.replace(s, value=value, mask=None if constant_condition(mask) is True else mask)
 
     return _map_stores(body, drop)
 
@@ -100,7 +102,7 @@ def _dropper(guard: _Guard, padded: set[str]):
             if e.tensor.name not in padded:
                 return e  # the mask of a load of another tensor keeps the guard
             mask = None if e.mask is None else _fold(map_tile_expr(e.mask, fn))
-            if _is_true(mask):
+            if mask is None or constant_condition(mask) is True:
                 return dataclasses.replace(e, mask=None, other=None)
             return dataclasses.replace(e, mask=mask)
         found = _match(e)
@@ -165,48 +167,23 @@ def _mixes_rows(s: TileStore, axis: str) -> bool:
                for n in walk_tile_expr(s.value))
 
 
-def _is_true(e: Expr | None) -> bool:
-    while isinstance(e, Broadcast):
-        e = e.tile
-    return isinstance(e, Const) and e.value is True
-
-
-def _is_false(e: Expr | None) -> bool:
-    while isinstance(e, Broadcast):
-        e = e.tile
-    return isinstance(e, Const) and e.value is False
-
-
 def _fold(e: Expr) -> Expr:
-    """``e`` with the logic of constant conditions folded (``true ∧ x`` → ``x``, ``select(true, a, b)`` → ``a``)."""
+    """``e`` with the logic of decided conditions folded (``true ∧ x`` → ``x``, ``not true`` → ``false``) and the
+    selects on them replaced by the branch taken, each kept over the axes of what it replaces."""
     def fn(x: Expr) -> Expr | None:
         if isinstance(x, BinOp) and x.op in ("and", "or"):
             a, b = _fold(x.a), _fold(x.b)
-            if x.op == "and":
-                if _is_true(a):
-                    return b
-                if _is_true(b):
-                    return a
-            else:
-                if _is_false(a):
-                    return b
-                if _is_false(b):
-                    return a
+            neutral = x.op == "and"  # true ∧ y = y; false ∨ y = y
+            for known, other in ((a, b), (b, a)):
+                if constant_condition(known) is neutral and (kept := broadcast_like(other, x)) is not None:
+                    return kept
             return BinOp(x.op, a, b)
         if isinstance(x, Call) and x.fn == "not":
             a = _fold(x.args[0])
-            if _is_true(a) or _is_false(a):
-                return Const(not _is_true(a), x.dtype)
-            return Call("not", (a,))
-        if isinstance(x, Select):
-            c = _fold(x.cond)
-            if _is_true(c):
-                return _fold(x.true_value)
-            if _is_false(c):
-                return _fold(x.false_value)
-            return Select(c, _fold(x.true_value), _fold(x.false_value))
+            value = constant_condition(a)
+            return Call("not", (a,)) if value is None else broadcast_like(Const(not value, x.dtype), x)
         return None
-    return map_tile_expr(e, fn)
+    return fold_constant_selects(map_tile_expr(e, fn))
 
 
 def _stores(s: Stmt) -> Iterator[TileStore]:
