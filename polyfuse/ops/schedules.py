@@ -722,9 +722,10 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
     if tuning.warps is not None:
         _ask_warps(sch, tuning.warps)
     sch.compact_buffers()
-    narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
-    if plan is _attention_prefill and device.wgmma and (_prefill_tile(Schedule(program), device, tuning)
-                                                         != _prefill_tile(Schedule(program), device, narrower)):
+    if plan is _attention_prefill and device.wgmma and tuning.prefill_wgmma_rows:
+        narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
+        if _prefill_tile(Schedule(program), device, tuning) == _prefill_tile(Schedule(program), device, narrower):
+            return sch
         narrow = _gpu_schedule(program, plan, device, narrower, backend, options)
         if _late_products(narrow, backend, device, options) > _late_products(sch, backend, device, options):
             # The wider tile's registers cannot keep a product in flight across the softmax that the narrower
