@@ -19,6 +19,7 @@ from polyfuse import ops
 from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CUDA, Target
 from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.pipeline import stages
 from polyfuse.runtime.compiler import CompileOptions
@@ -34,7 +35,10 @@ HOPPER = PRESETS["sm_90a"]
 def _stages(name: str, target: Target = CUDA, device=HOPPER, **sizes: int):
     op = ops.get(name)
     sizes = {**op.presets["prefill"], **sizes}
-    sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=device)
+    # attn_norm_inside in its divide-inside form (the default GPU schedule hoists the division: attn_global's loop)
+    tuning = GpuTuning(hoist_divisors=name != "attn_norm_inside")
+    sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=device,
+                           tuning=tuning)
     return stages(sch, dataclasses.replace(target, device=device))
 
 

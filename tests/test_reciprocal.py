@@ -14,6 +14,7 @@ import pytest
 from polyfuse import ops
 from polyfuse.emit_cpp import CUDA, CodegenOptions, emit, gpu_plan
 from polyfuse.errors import BackendUnavailable
+from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.ops.variants import VARIANTS
 from polyfuse.pipeline import build
@@ -23,10 +24,16 @@ from polyfuse.tiling import to_tiles
 
 
 
+DIVIDE_INSIDE = GpuTuning(hoist_divisors=False)
+"""attn_norm_inside's divide-inside form kept on the GPU (the default schedules hoist its division out of the sum,
+where no per-score division is left): the form whose P·(1/ℓ) these tests are about."""
+
+
 def _tiles(name: str, **sizes: int):
     op = ops.get(name)
     sizes = {**op.sizes("prefill"), **sizes}
-    return to_tiles(default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda").program)
+    return to_tiles(default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda",
+                                     tuning=DIVIDE_INSIDE).program)
 
 
 def _choices(tiles, target=CUDA):
@@ -97,7 +104,8 @@ def test_reciprocal_on_and_off_match_numpy_on_every_input_variant(sizes):
         options = CodegenOptions(reciprocal_operands=on)
         try:
             kernels[on] = build(default_schedule("attn_norm_inside", "prefill", op.program("prefill", **sizes),
-                                                 target="cuda"), "cuda", sizes=sizes, werror=True, codegen=options)
+                                                 target="cuda", tuning=DIVIDE_INSIDE),
+                                "cuda", sizes=sizes, werror=True, codegen=options)
         except BackendUnavailable as err:
             pytest.skip(str(err))
     assert "pf_rcp" in kernels[True].kernel_source.text and "pf_rcp" not in kernels[False].kernel_source.text

@@ -56,6 +56,11 @@ class GpuTuning:
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
     ``fragment_min_rows``); fewer would fall back to tiles in shared memory."""
+    hoist_divisors: bool = True
+    """Attention's divide-inside form, ``Σ_j (exp(P − m)/ℓ)·v``, divides once after the sum on GPUs
+    (:meth:`~polyfuse.transforms.schedule.Schedule.hoist_divisor`, where its floating-point conditions are
+    proven): the fused loop is then the plain form's, one product per score fewer and no repair that waits on
+    the step's ℓ.  The host target keeps the divide-inside repair (OPERATORS.md's two-producer example)."""
     decode_heads: int = 16
     """Most query heads per thread block of fused decode attention on GPUs (the M of its tile products).
 
@@ -183,6 +188,10 @@ class GpuTuning:
         for f in dataclasses.fields(self):
             value, default = getattr(self, f.name), f.default
             if value is None and f.name == "warps":
+                continue
+            if type(default) is bool:
+                if type(value) is not bool:
+                    raise PolyfuseError(f"GpuTuning.{f.name} = {value!r}: must be True or False (default {default!r})")
                 continue
             if f.name == "prefill_wgmma_rows":
                 if not (isinstance(value, tuple) and all(

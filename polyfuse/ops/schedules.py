@@ -38,13 +38,14 @@ from polyfuse.emit_cpp import Target, gpu_plan
 from polyfuse.emit_cpp.dotplan import WARP_TILE_COLUMNS
 from polyfuse.emit_cpp.onchip import RowsOnChip
 from polyfuse.emit_cpp.options import CodegenOptions
-from polyfuse.errors import PolyfuseError, UnsupportedPattern
+from polyfuse.errors import IllegalTransform, PolyfuseError, UnsupportedPattern
 from polyfuse.ir.stmt import Loop, Program, Seq, Stmt, Tensor
 from polyfuse.ir.visit import loads
 from polyfuse.tiling.grid import MAP
 from polyfuse.ops.gpu_tuning import GpuTuning
 from polyfuse.tiling import to_tiles
 from polyfuse.tiling.skip import skip_masked_tiles
+from polyfuse.transforms.hoist_divisor import divided_sums
 from polyfuse.transforms.schedule import LoopRef, Schedule
 
 PREFILL_TILE = (16, 16)
@@ -578,6 +579,8 @@ def has_default_schedule(name: str, mode: str) -> bool:
 
 
 def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning) -> None:
+    if plan in (_attention_prefill, _attention_decode) and tuning.hoist_divisors:
+        _hoist_divisors(sch)
     if plan is _attention_prefill:
         _attention_prefill(sch, _prefill_tile(sch, device, tuning))
     elif plan is _attention_decode:
@@ -588,6 +591,17 @@ def _gpu_plan(sch: Schedule, plan: _Plan, device: DeviceSpec, tuning: GpuTuning)
         _gpu_rolling(sch, *plan.rolling, tuning.row_tile)  # type: ignore[attr-defined]
     else:
         plan(sch)
+
+
+def _hoist_divisors(sch: Schedule) -> None:
+    """Every sum of ``sch``'s program that divides its terms by a value invariant along it divides once after
+    it, where :func:`~polyfuse.transforms.hoist_divisor.hoist_divisor` proves that exact; the others keep
+    their form (the rolling update repairs it)."""
+    for block in divided_sums(sch.program):
+        try:
+            sch.hoist_divisor(block)
+        except IllegalTransform:
+            continue
 
 
 def _prefill_tile(sch: Schedule, device: DeviceSpec, tuning: GpuTuning) -> tuple[int, int]:

@@ -20,6 +20,9 @@ element has been seen: where m did not move, ``S >= S_old >= 1`` (the factor is 
 ``exp(0) = 1``); where it moved, the new max is one of this step's elements, so ``rf >= 1`` by 2 and
 ``S >= rf`` (the rescaled part is >= 0); and ``S <= seen`` by 3 (the factor ``exp(m_old − m) <= 1``).
 
+The plain sum (not rolled, no guarded term) is never 0: a finite max is one of the elements, and that
+element's term is exactly 1; a max of ±inf or NaN makes the same element's term NaN (``exp(inf − inf)``).
+
 The other values such a sum takes: 0 while every element seen is ``−inf`` (a fully masked row: every term is
 ``exp(−inf) = 0``, or the guarded term 0 of a fused sum), and NaN where an element is NaN or ``+inf``
 (``exp(inf − inf)``).  :class:`ValueRange` says so: its bounds hold for every value that is finite and
@@ -57,12 +60,14 @@ SIGNIFICAND_BITS = {"f32": 24, "f64": 53}
 @dataclass(frozen=True)
 class ValueRange:
     """Every value of tensor ``name`` that is finite and non-zero lies in ``[lo, hi]``; its other values are
-    ±0 or NaN (never ±inf).  ``proof`` says why, for the plan and for ``explain``."""
+    ±0 or NaN (never ±inf), and never ±0 where ``nonzero``.  ``proof`` says why, for the plan and for
+    ``explain``."""
 
     name: str
     lo: float
     hi: float
     proof: str
+    nonzero: bool = False
 
 
 def value_ranges(program: Program) -> tuple[ValueRange, ...]:
@@ -122,6 +127,7 @@ def _softmax_denominator(program: Program, block: Block, writers: dict[str, list
             return None
         term = local.reduce_term()
     assert term is not None
+    guarded = unguarded(term) != term
     term = _expand(program, unguarded(term))
     if not (isinstance(term, Call) and term.fn == "exp" and isinstance(term.args[0], BinOp)
             and term.args[0].op == "-" and isinstance(term.args[0].b, Load)):
@@ -146,7 +152,12 @@ def _softmax_denominator(program: Program, block: Block, writers: dict[str, list
     form = f"rolled over loop {rolled.var.name} (repaired by exp(m_old − m))" if rolled is not None else "plain"
     proof = (f"{block.store.tensor.name} = Σ exp(e − {m_load.tensor.name}) with {m_load.tensor.name} = max e over the "
              f"same {n} elements ({form}): the max's own term is exp(0) = 1, every term in [0, 1]")
-    return ValueRange(block.store.tensor.name, 1.0, float(n), proof)
+    # Plain and unguarded, the sum is never 0: a finite max is one of the elements, whose term is exactly 1;
+    # a max of ±inf or NaN makes that element's term exp(inf − inf) or exp(NaN), NaN.
+    nonzero = rolled is None and not guarded and n >= 1
+    if nonzero:
+        proof += "; never 0 (the max's own term is 1, or NaN where the max is not finite)"
+    return ValueRange(block.store.tensor.name, 1.0, float(n), proof, nonzero)
 
 
 def _rolled_loop(program: Program, block: Block, local: Block) -> Loop | None:
@@ -241,6 +252,69 @@ def _same_reduction(program: Program, max_block: Block, local: Block, e_max: Exp
     return _complete_before(program, max_block, local, e)
 
 
+def at_most_its_max(program: Program, block: Block, arg: Expr) -> bool:
+    """Whether ``arg``, read in ``block`` as ``e − m`` with ``m`` the result of a max block, is <= 0 wherever it
+    is not NaN: at each of ``block``'s points, ``e`` computes one of the elements the max took for the element
+    of m read there (the same operations on the same tensor elements, compared by ISL as images of both
+    blocks' points), and the max is complete before ``block`` with nothing between writing what ``e`` reads.
+
+    ``exp(arg)`` is then in [0, 1] or NaN (rounding is monotone, exp(0) = 1)."""
+    if not (isinstance(arg, BinOp) and arg.op == "-" and isinstance(arg.b, Load)):
+        return False
+    m_load = arg.b
+    writers = _writers(program).get(m_load.tensor.name, [])
+    if len(writers) != 1:
+        return False
+    max_block = writers[0]
+    e_max = max_block.reduce_term()
+    if _kind(max_block) != "max" or not _fresh_reduction(max_block) or e_max is None:
+        return False
+    pairs = _leaves(_expand(program, e_max), _expand(program, arg.a))
+    if pairs is None:
+        return False
+    try:
+        seen = _image(program, max_block, [*max_block.store.indices, *(a for a, _ in pairs)])
+        read = _image(program, block, [*m_load.indices, *(b for _, b in pairs)])
+    except PolyfuseError:
+        return False  # (an index ISL cannot take: unproven)
+    return read.is_subset(seen) and _complete_before(program, max_block, block, arg.a)
+
+
+def _leaves(a: Expr, b: Expr) -> list[tuple[Expr, Expr]] | None:
+    """The index expressions and variables of ``a`` and ``b`` paired in order, where both apply the same
+    operations to loads of the same tensors (None where they do not)."""
+    if isinstance(a, Load) or isinstance(b, Load):
+        if not (isinstance(a, Load) and isinstance(b, Load) and a.tensor == b.tensor):
+            return None
+        return list(zip(a.indices, b.indices, strict=True))
+    if isinstance(a, Var) or isinstance(b, Var):
+        return [(a, b)] if isinstance(a, Var) and isinstance(b, Var) else None
+    ca, cb = _children(a), _children(b)
+    if type(a) is not type(b) or len(ca) != len(cb) or _shallow(a) != _shallow(b):
+        return None
+    out: list[tuple[Expr, Expr]] = []
+    for x, y in zip(ca, cb, strict=True):
+        found = _leaves(x, y)
+        if found is None:
+            return None
+        out += found
+    return out
+
+
+def _image(program: Program, block: Block, exprs: Sequence[Expr]) -> isl.Set:
+    """The values the tuple ``exprs`` (in ``block``'s iteration variables) takes over ``block``'s points."""
+    from polyfuse.transforms.fusion_common import _bindings
+    from polyfuse.transforms.tree import loops_of
+
+    loops = loops_of(program, block.name)
+    names = [lp.var.name for lp in loops]
+    params = param_names(program)
+    env = dim_env(names, params)
+    bind = dict(_bindings(program, block))
+    domain = _domain(block, loops, bind, params, env)
+    return _function(names, [_at(bind, x) for x in exprs], params, env, domain).range()
+
+
 def _expand(program: Program, e: Expr) -> Expr:
     from polyfuse.transforms.fusion_common import map_definitions
     from polyfuse.transforms.numerics import expand_maps
@@ -331,4 +405,4 @@ def _complete_before(program: Program, max_block: Block, local: Block, e: Expr) 
     return not any(b.store.tensor.name in read for b in between)
 
 
-__all__ = ["SIGNIFICAND_BITS", "ValueRange", "value_ranges"]
+__all__ = ["SIGNIFICAND_BITS", "ValueRange", "at_most_its_max", "value_ranges"]

@@ -345,6 +345,12 @@ class Schedule:
 
         self._apply("reverse_compute_inline", {"block": block}, lambda p: reverse_compute_inline(p, block=block))
 
+    def hoist_divisor(self, block: str) -> None:
+        """Divide sum ``block``'s terms by their common invariant divisor once, in the readers of its result."""
+        from polyfuse.transforms.hoist_divisor import hoist_divisor
+
+        self._apply("hoist_divisor", {"block": block}, lambda p: hoist_divisor(p, block=block))
+
     def cache_read(self, block: str, tensor: str | int, scope: str) -> str:
         """Stage ``tensor`` (a name, or its index among what ``block`` reads) in ``scope``; returns the copy block."""
         from polyfuse.transforms.cache import cache_read
