@@ -160,3 +160,23 @@ def test_hoisted_program_matches_numpy_on_every_input(mode):
             result = ops.compare(interpret(hoisted, inputs), op.reference(inputs, mode, sizes),
                                  op.tolerance(mode, sizes))
             assert result.ok, f"{variant} at {magnitude:g}: {result.line()} {result.worst}"
+
+
+@pytest.mark.parametrize("mode", ["prefill", "decode"])
+def test_hoisted_then_fused_matches_numpy_on_every_input(mode):
+    """The GPU plan's fusion order on the host: hoisted, then rolled (prefill) or split (decode) as the catalog
+    schedules do, run by the interpreter against the reference on every input variant and magnitude."""
+    from polyfuse.ops.schedules import _attention_decode, _attention_prefill
+
+    op = ops.get("attn_norm_inside")
+    sizes = op.sizes(mode)
+    sch = Schedule(op.program(mode))
+    sch.hoist_divisor("pv")
+    (_attention_prefill if mode == "prefill" else _attention_decode)(sch)
+    assert len(sch.fusions) == (3 if mode == "prefill" else 2)
+    for magnitude in op.magnitudes:
+        for variant in VARIANTS:
+            inputs = op.inputs(5, mode, sizes, magnitude, variant)
+            result = ops.compare(interpret(sch.program, inputs), op.reference(inputs, mode, sizes),
+                                 op.tolerance(mode, sizes))
+            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} {result.worst}"

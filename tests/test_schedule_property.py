@@ -32,6 +32,7 @@ from polyfuse.ir.expr import Const
 from polyfuse.ir.validate import validate
 from polyfuse.ir.visit import free_vars
 from polyfuse.transforms import LoopRef, Schedule
+from polyfuse.transforms.hoist_divisor import divided_sums
 from polyfuse.transforms.schedule import _is_primitive
 
 TINY_CAUSAL = {"B": 1, "Hq": 1, "Hkv": 1, "Sq": 2, "Skv": 4, "D": 2, "Dv": 2}
@@ -64,6 +65,7 @@ PROGRAMS = {
     "softmax": _catalog("softmax", N=2, M=6),
     "rmsnorm_amax": _catalog("rmsnorm_amax", N=2, M=4),
     "attn_causal": _catalog("attn_causal", "prefill", **TINY_CAUSAL),
+    "attn_norm_inside": _catalog("attn_norm_inside", "prefill", **TINY_CAUSAL),
     "inertia": _catalog("inertia", B=2, N=6),
     "layernorm_stats": _catalog("layernorm_stats", N=2, M=6),
     "fig1a_split": _hand_written(lambda: softmax_sum_split(n=5, m=4, factor=2)),
@@ -140,9 +142,9 @@ NAMES = st.sampled_from(["i", "j", "k", "j_0", "N", "M", "x", "a b"])  # loops, 
 PRIMITIVES = ("split", "reorder", "fuse", "tile", "bind", "annotate", "warps", "decompose_reduction", "rfactor",
               "compute_at", "recompute_at", "reverse_compute_at", "compute_inline", "reverse_compute_inline",
               "cache_read", "cache_write", "set_scope", "compact_buffers", "fuse_siblings", "rolling_update",
-              "split_k_update")
+              "split_k_update", "hoist_divisor")
 FUSIONS = ("rolling_update", "split_k_update")
-REGROUPING = ("rfactor", *FUSIONS)
+REGROUPING = ("rfactor", "hoist_divisor", *FUSIONS)
 
 
 def draw_step(data: st.DataObject, sch: Schedule,
@@ -151,6 +153,8 @@ def draw_step(data: st.DataObject, sch: Schedule,
     prim = data.draw(st.sampled_from(primitives))
     reductions = [b.name for b in sch.program.blocks() if b.reducer is not None]
     pool = reductions if prim in ("decompose_reduction", "rfactor", *FUSIONS) and reductions else _blocks(sch)
+    if prim == "hoist_divisor" and divided_sums(sch.program) and data.draw(st.booleans()):
+        pool = divided_sums(sch.program)
     if prim in FUSIONS and len(reductions) > 1 and data.draw(st.booleans()):
         pool = reductions[1:]  # the first reduction of a chain has no producer to fuse with
     block = data.draw(st.sampled_from(pool))
@@ -187,7 +191,7 @@ def draw_step(data: st.DataObject, sch: Schedule,
         return prim, lambda: sch.rfactor(loop, factor_axis=axis)
     if prim in FUSIONS:
         return prim, _fusion(data, sch, prim, block)
-    if prim in ("compute_inline", "reverse_compute_inline"):
+    if prim in ("compute_inline", "reverse_compute_inline", "hoist_divisor"):
         return prim, lambda: getattr(sch, prim)(block)
     if prim in ("cache_write", "set_scope"):
         scope = data.draw(st.sampled_from(SCOPES))

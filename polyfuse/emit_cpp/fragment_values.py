@@ -11,16 +11,17 @@ loop *keeps* it are decided in separate places.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 
 from polyfuse.emit_cpp.cfamily import CHEAP_CALLS
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import from_linear_form, linear_form
 from polyfuse.ir import dtypes as dt
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
+from polyfuse.ir.expr import BinOp, Call, Cast, Const, Expr, Select, Var
 from polyfuse.tiling.htile import (
-    Broadcast, Dot, Iota, Permute, Reduce, TileLoad, TileStore, axes_of, depends_on, expr_axis_sizes, map_tile_expr,
-    tile_children, walk_tile_expr,
+    Broadcast, Dot, Gather, Iota, Permute, Reduce, Slice, TileLoad, TileStore, axes_of, broadcast_like, depends_on,
+    expr_axis_sizes, map_tile_expr, tile_children, walk_tile_expr,
 )
 
 
@@ -125,9 +126,11 @@ def scalar(x: Expr) -> Expr | None:
     return None
 
 
-def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
-             ) -> tuple[dict[str, float], dict[str, Expr]]:
-    """The values of the loop's statements with less work per element, equal in IEEE arithmetic:
+def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str],
+            per_iteration: frozenset[str] = frozenset(), finite: Callable[[str], bool] = lambda name: False
+            ) -> tuple[dict[str, float], dict[str, Expr]]:
+    """The values of the loop's statements with less work per element, equal in IEEE arithmetic (up to the sign
+    of a zero maximum, which exp and comparisons do not see):
 
     * a rolling update's first-iteration case ``select(var == 0, c, T)``, where ``T`` is in ``registers_only``
       (its registers need not start with what memory holds: it lives in registers only, or the loop runs at
@@ -135,7 +138,25 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
       select with the same constant ``c``, is ``T`` itself once ``T``'s registers start at ``c`` (returned by
       tensor);
     * ``select(p, x, f·x)`` is ``x · select(p, 1, f)`` (``x·1`` is ``x`` for every ``x``, NaN, ±0 and ±inf
-      included): one product per element, the select per row where ``p`` and ``f`` are.
+      included): one product per element, the select per row where ``p`` and ``f`` are;
+    * a tile of ``per_iteration`` (allocated in the loop: written and read within one iteration) that one
+      unmasked statement writes as ``Y·c``, ``c`` a positive finite constant, read by unmasked loads only,
+      stores ``Y`` and its readers read ``Y·c`` (:func:`scaled_tiles`): each computes the value the tile held, and
+      a reader ``exp(T − m)`` becomes ``exp(Y·c − m)``, one fused multiply-add where the build contracts them;
+    * ``reduce_max(Z·c)`` is ``reduce_max(Z)·c`` for a positive finite constant ``c`` (rounding ``c·z`` is monotone
+      in ``z``, NaN stays NaN and ±∞ stay, so the same element is the maximum; a zero max may take the other
+      sign where ``c·z`` underflows), likewise ``min``: the product once per row;
+    * ``reduce(op, select(p, e, x))`` is ``select(p, e, reduce(op, x))`` where ``p`` does not vary along the
+      reduced axis and ``e`` is ``op``'s identity (0 for a sum, which sums zeros to +0, −∞ for a max, ∞ for a
+      min): the select once per row;
+    * a rolling update's guard ``select(m == −∞, 0, E)``, ``E`` the exponentials ``exp(Z − m)`` of the tile the
+      running max ``m`` was just taken over (``m = max(m_old, reduce_max(Z))`` earlier in the iteration, nothing
+      written between), alone, summed, or as a product's A operand (whose B reads ``finite`` tensors only, or
+      whose guard is on the operand itself), is ``E`` with ``m`` read as ``select(m == −∞, 0, m)``
+      (:func:`guarded_by_the_max`): where ``m`` is −∞ every ``Z`` is −∞ (``m`` is at least each of them and a
+      NaN would have made ``m`` NaN), so each exponential is ``exp(−∞ − 0) = +0`` and ``E`` is 0 as the guard
+      says (a product of +0 and finite values: ±0); elsewhere nothing changes.  The select once per row
+      instead of once per element.
     """
     def first_select(n: Expr, name: str) -> float | None:
         if (isinstance(n, Select) and isinstance(n.cond, BinOp) and n.cond.op == "=="
@@ -174,6 +195,13 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
                             return BinOp("*", map_tile_expr(keep, factor), map_tile_expr(choice, factor))
         return None
 
+    scaled = scaled_tiles(body, per_iteration)
+
+    def read_scaled(n: Expr) -> Expr | None:
+        if isinstance(n, TileLoad) and n.tensor.name in scaled:
+            return BinOp("*", n, Const(scaled[n.tensor.name][1], n.dtype))
+        return None
+
     values: dict[str, Expr] = {}
     for k, s in enumerate(body):
         def first(n: Expr, k: int = k) -> Expr | None:
@@ -182,15 +210,170 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str]
                     return n.false_value  # type: ignore[attr-defined]
             return None
 
-        values[s.block] = map_tile_expr(map_tile_expr(s.value, first), factor)
-    return initial, values
+        value = scaled[s.tensor.name][0] if s.tensor.name in scaled else s.value
+        value = map_tile_expr(map_tile_expr(map_tile_expr(value, read_scaled), first), factor)
+        values[s.block] = map_tile_expr(value, _per_row)
+    return initial, guarded_by_the_max(body, values, finite)
+
+
+def guarded_by_the_max(body: tuple[TileStore, ...], values: dict[str, Expr], finite: Callable[[str], bool]
+                       ) -> dict[str, Expr]:
+    """``values`` with the guards ``select(m == −∞, 0, E)`` that :func:`rewrite` moves onto ``m`` moved there."""
+    out = dict(values)
+    for k, s in enumerate(body):
+        def unguard(n: Expr, k: int = k) -> Expr | None:
+            if not (isinstance(n, Select) and is_zero(n.true_value)):
+                return None
+            cond = n.cond
+            while isinstance(cond, Broadcast):
+                cond = cond.tile
+            if not (isinstance(cond, BinOp) and cond.op == "==" and isinstance(cond.a, TileLoad)
+                    and constant(cond.b) is not None and float(constant(cond.b).value) == float("-inf")):
+                return None
+            covered = _max_taken_over(body, values, k, cond.a)
+            if covered is None:
+                return None
+            safe = Select(cond, Const(0.0, cond.a.dtype), cond.a)
+            live = n.false_value
+            if isinstance(live, Reduce) and live.op == "sum":
+                inner = _exponentials(live.tile, cond.a, covered, safe)
+                return None if inner is None else dataclasses.replace(live, tile=inner)
+            if isinstance(live, Dot) and is_zero(live.acc) and all(
+                    finite(x.tensor.name) for x in walk_tile_expr(live.b) if isinstance(x, TileLoad)):
+                inner = _exponentials(live.a, cond.a, covered, safe)
+                return None if inner is None else dataclasses.replace(live, a=inner)
+            return _exponentials(live, cond.a, covered, safe)
+
+        out[s.block] = map_tile_expr(values[s.block], unguard)
+    return out
+
+
+def _max_taken_over(body: tuple[TileStore, ...], values: dict[str, Expr], k: int, m: TileLoad) -> Expr | None:
+    """The tile ``Z`` whose maximum the running max ``m`` (read by statement ``k``) was last updated with, in
+    this iteration before ``k``: its writer stores ``max(m_old, reduce_max(Z))`` (or ``reduce_max(Y)·c``,
+    ``Z = Y·c``) unmasked at the element ``m`` reads, and nothing between writes ``m`` or what ``Z`` reads."""
+    writers = [j for j in range(k) if body[j].tensor == m.tensor]
+    if not writers:
+        return None
+    w = body[writers[-1]]
+    value = values[w.block]
+    if w.mask is not None or w.index != m.index or m.mask is not None or not (
+            isinstance(value, BinOp) and value.op == "max"):
+        return None
+    for r in (value.a, value.b):
+        scale = None
+        if isinstance(r, BinOp) and r.op == "*" and isinstance(r.b, Const) and 0 < float(r.b.value) < float("inf"):
+            r, scale = r.a, r.b
+        if isinstance(r, Reduce) and r.op == "max":
+            covered = r.tile if scale is None else BinOp("*", r.tile, scale)
+            read = {x.tensor.name for x in walk_tile_expr(covered) if isinstance(x, TileLoad)} | {m.tensor.name}
+            if any(body[j].tensor.name in read for j in range(writers[-1] + 1, k)):
+                return None
+            return covered
+    return None
+
+
+def _anonymous(e: Expr) -> Expr:
+    """``e`` with its loads' axes unnamed: the same elements read under any axis names compare equal."""
+    def strip(n: Expr) -> Expr | None:
+        if isinstance(n, TileLoad) and n.mask is None and all(isinstance(i, Slice) or not isinstance(i, Gather)
+                                                                for i in n.index):
+            return dataclasses.replace(n, index=tuple(dataclasses.replace(i, axis="") if isinstance(i, Slice) else i
+                                                      for i in n.index))
+        return None
+
+    return map_tile_expr(e, strip)
+
+
+def _exponentials(e: Expr, m: TileLoad, covered: Expr, safe: Expr) -> Expr | None:
+    """``e`` = ``exp(Z − m)`` (possibly cast) with ``Z`` the ``covered`` tile and ``m`` over its rows, with ``m``
+    read as ``safe``; None for anything else."""
+    inner = e.value if isinstance(e, Cast) else e
+    if not (isinstance(inner, Call) and inner.fn == "exp" and isinstance(inner.args[0], BinOp)
+            and inner.args[0].op == "-" and _anonymous(inner.args[0].a) == _anonymous(covered)):
+        return None
+    shift = inner.args[0].b
+    axes = None
+    if isinstance(shift, Broadcast):
+        shift, axes = shift.tile, shift.axes
+    if shift != m:
+        return None
+    argument = BinOp("-", inner.args[0].a, safe if axes is None else Broadcast(safe, axes))
+    rebuilt = Call("exp", (argument,))
+    return dataclasses.replace(e, value=rebuilt) if isinstance(e, Cast) else rebuilt
+
+
+def scaled_tiles(body: tuple[TileStore, ...], per_iteration: frozenset[str]) -> dict[str, tuple[Expr, float]]:
+    """The tiles of ``per_iteration`` that one unmasked statement of ``body`` writes as ``Y·c`` (``c`` a positive
+    finite constant, also through selects whose other side is 0 or ±∞, which ``c`` keeps) and that only unmasked
+    loads read: ``{name: (Y, c)}``."""
+    found: dict[str, tuple[Expr, float]] = {}
+    for name in sorted(per_iteration):
+        writers = [s for s in body if s.tensor.name == name]
+        if len(writers) != 1 or writers[0].mask is not None:
+            continue
+        if any(isinstance(n, TileLoad) and n.tensor.name == name and n.mask is not None
+               for s in body for x in store_exprs(s) for n in walk_tile_expr(x)):
+            continue
+        split = _positive_factor(writers[0].value)
+        if split is not None and not depends_on_load(split[0], name):
+            found[name] = split
+    return found
+
+
+def depends_on_load(e: Expr, name: str) -> bool:
+    return any(isinstance(n, TileLoad) and n.tensor.name == name for n in walk_tile_expr(e))
+
+
+def _positive_factor(e: Expr) -> tuple[Expr, float] | None:
+    """``e`` as ``(Y, c)`` with ``e = Y·c`` exactly for every value, ``c`` a positive finite constant."""
+    if isinstance(e, BinOp) and e.op == "*" and e.dtype.is_float:
+        for f, y in ((e.a, e.b), (e.b, e.a)):
+            if isinstance(f, Const) and 0 < float(f.value) < float("inf"):
+                return y, float(f.value)
+    if isinstance(e, Select):
+        sides = [constant(x) for x in (e.true_value, e.false_value)]
+        kept = [c is not None and float(c.value) in (0.0, float("inf"), float("-inf")) for c in sides]
+        for k, (live, other) in enumerate(((e.false_value, e.true_value), (e.true_value, e.false_value))):
+            if kept[k]:
+                inner = _positive_factor(live)
+                if inner is not None:
+                    y, c = inner
+                    return (Select(e.cond, other, y) if k == 0 else Select(e.cond, y, other)), c
+    return None
+
+
+_IDENTITY = {"sum": 0.0, "max": float("-inf"), "min": float("inf")}
+
+
+def _per_row(n: Expr) -> Expr | None:
+    """The reduction rewrites of :func:`rewrite` (a positive factor out of a max or min, a select on a condition
+    constant along the axis out of a reduction of its identity)."""
+    if not isinstance(n, Reduce):
+        return None
+    tile = map_tile_expr(n.tile, _per_row)
+    if n.op in ("max", "min") and (split := _positive_factor(tile)) is not None and isinstance(tile, BinOp):
+        y, c = split
+        return BinOp("*", Reduce(n.op, y, n.axis), Const(c, n.dtype))
+    if n.op in _IDENTITY and isinstance(tile, Select) and n.dtype.is_float:
+        cond = tile.cond
+        while isinstance(cond, Broadcast):
+            cond = cond.tile
+        identity = constant(tile.true_value)
+        if identity is not None and float(identity.value) == _IDENTITY[n.op] and not depends_on(cond, n.axis):
+            reduced = Reduce(n.op, tile.false_value, n.axis)
+            cond_row, value = broadcast_like(cond, reduced), broadcast_like(Const(identity.value, n.dtype), reduced)
+            if cond_row is not None and value is not None:
+                return Select(cond_row, value, reduced)
+    return dataclasses.replace(n, tile=tile) if tile is not n.tile else None
 
 
 
 
 def accumulated(s: TileStore, value: Expr, row: str, finite: Callable[[str], bool]) -> Dot | None:
     """Statement ``s``'s ``value`` as one product that starts from the rest of the value, where it is
-    ``X + select(c, 0, dot(a, b, 0))`` (either order of the sum) with ``c`` a condition of ``row`` alone, ``X``
+    ``X + dot(a, b, 0)`` (``dot(a, b, X)``), or ``X + select(c, 0, dot(a, b, 0))`` (either order of the sum) with
+    ``c`` a condition of ``row`` alone, ``X``
     free of products and reductions, and ``b`` reading only ``finite`` tensors: ``dot(select(c, 0, a), b,
     acc=X)`` — a rolling update's rescaled accumulator plus the tile's product, guarded where the row's running
     maximum is −∞ (attention's ``O·h + P·V``).  Equal in IEEE arithmetic: where ``c`` holds the product sums
@@ -200,6 +383,11 @@ def accumulated(s: TileStore, value: Expr, row: str, finite: Callable[[str], boo
     if not (isinstance(value, BinOp) and value.op == "+" and value.dtype == s.tensor.dtype == dt.f32):
         return None
     for rest, guarded in ((value.a, value.b), (value.b, value.a)):
+        if isinstance(guarded, Dot):  # (unguarded: X + dot(a, b, 0) sums the same terms from X)
+            if (not is_zero(guarded.acc) or any(isinstance(n, (Dot, Reduce)) for n in walk_tile_expr(rest))
+                    or axes_of(rest) != axes_of(guarded.acc)):
+                return None
+            return Dot(guarded.a, guarded.b, rest, guarded.axis)
         if not (isinstance(guarded, Select) and is_zero(guarded.true_value) and isinstance(guarded.false_value, Dot)):
             continue
         product = guarded.false_value

@@ -684,7 +684,9 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
     # loop, where the loop runs at least once (its first write then replaces what memory held).
     runs = (c := constant(loop.extent)) is not None and c.value >= 1
     initial, values = rewrite(body, loop.var.name,
-                              {n for n in shape.dims if n not in allocated and (runs or n not in memory)})
+                              {n for n in shape.dims if n not in allocated and (runs or n not in memory)},
+                              frozenset(n for n in shape.dims if n in allocated and n not in memory),
+                              _finite_input(frame))
     held = tuple(Held(name, fresh(f"fr_{name}_"), rd, cd, cols, name in allocated, name in memory, shape.index[name],
                       initial.get(name, 0.0), name in memory and name not in initial)
                  for name, (rd, cd, cols) in shape.dims.items())
@@ -882,6 +884,15 @@ def _elementwise_reads_only(x: Expr, rows: set[Expr], name: str) -> bool:
     return all(_elementwise_reads_only(c, rows, name) for c in tile_children(x))
 
 
+def _finite_input(frame: Frame) -> Callable[[str], bool]:
+    """Whether a tensor is an input declared finite (no ±inf or NaN)."""
+    def finite(t: str) -> bool:
+        x = frame.tensors.get(t)
+        return x is not None and x.role == INPUT and x.finite
+
+    return finite
+
+
 def _accumulates(frame: Frame, shape: _Shape, s: TileStore, value: Expr, row: str, col: str | None, b: Staged,
                  instruction: str, from_registers: bool, allocated: set[str]) -> Dot | None:
     """Statement ``s``'s value as a product accumulating into its own registers (:attr:`FragmentStmt.accumulates`),
@@ -894,13 +905,7 @@ def _accumulates(frame: Frame, shape: _Shape, s: TileStore, value: Expr, row: st
             and s.mask is None and name in shape.dims and name not in allocated
             and shape.dims[name][1] is not None and shape.dims[name][2] == b.rows_pad):
         return None
-    tensor = frame.tensors.get
-
-    def finite(t: str) -> bool:
-        x = tensor(t)
-        return x is not None and x.role == INPUT and x.finite
-
-    into = accumulated(s, value, row, finite)
+    into = accumulated(s, value, row, _finite_input(frame))
     if into is None or not _elementwise_reads_only(into.acc, set(row_parts([into.acc], row, col)), name):
         return None
     return into
