@@ -32,11 +32,12 @@ ACCUMULATES = "pv's product accumulates into pv's registers"
 HOPPER = PRESETS["sm_90a"]
 
 
-def _stages(name: str, target: Target = CUDA, device=HOPPER, **sizes: int):
+def _stages(name: str, target: Target = CUDA, device=HOPPER, rows: tuple = (), **sizes: int):
     op = ops.get(name)
     sizes = {**op.presets["prefill"], **sizes}
-    # attn_norm_inside in its divide-inside form (the default GPU schedule hoists the division: attn_global's loop)
-    tuning = GpuTuning(hoist_divisors=name != "attn_norm_inside")
+    # attn_norm_inside in its divide-inside form (the default GPU schedule hoists the division: attn_global's loop);
+    # 128 query rows, two computing warpgroups (the bench sizes of 64-wide heads take 192 by the wave rule: below)
+    tuning = GpuTuning(hoist_divisors=name != "attn_norm_inside", prefill_wgmma_rows=rows)
     sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=device,
                            tuning=tuning)
     return stages(sch, dataclasses.replace(target, device=device))
@@ -89,6 +90,16 @@ def test_heads_64_wide_keep_accumulators_of_their_own_where_late_fits():
     # than a rescaling pass before every issue: planned apart.
     st = _stages("attn_global")
     assert LATE in st.dump("plan") and ACCUMULATES not in st.dump("plan") and "pf_late_fc" in st.source.text
+
+
+def test_three_warpgroups_of_64_wide_heads_accumulate_into_o_and_issue_pv_late():
+    # 192 query rows (three computing warpgroups of 160 registers): P·V accumulates into O's registers (its -inf
+    # guard moved onto the running max, so neither P nor the product selects per element) and is issued late.
+    st = _stages("attn_global", rows=GpuTuning().prefill_wgmma_rows)
+    plan, text = st.dump("plan"), st.source.text
+    assert "12 warps of 16 whole rows (192 real)" in plan
+    assert LATE in plan and ACCUMULATES in plan and "the guard on the running max" in plan
+    assert re.search(r"_rs<1, 0>\(pf_fr_pv_\d+, pf_late_fa\d+\[pf_ks\], .*, true\);", text)
 
 
 def test_no_late_product_where_the_loop_runs_at_most_twice():

@@ -80,7 +80,7 @@ from polyfuse.emit_cpp.dotplan import (
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.errors import InternalError
-from polyfuse.ir.expr import Call, Const, Expr, Var
+from polyfuse.ir.expr import Call, Const, Expr, Select, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
@@ -335,8 +335,11 @@ class FragmentLoop:
             lines.append(r.describe())
         for block, st in self.stmts.items():
             if st.accumulates:
+                guarded = isinstance(st.value, Dot) and isinstance(st.value.a, Select)
+                why = ("its guard on the product's a; its b's inputs declared finite" if guarded
+                       else "no guard on the product: the guard on the running max")
                 lines.append(f"{block}'s product accumulates into {block}'s registers, which first take the rest of "
-                             f"its value (its guard on the product's a; its b's inputs declared finite)")
+                             f"its value ({why})")
         if self.deferred is not None:
             into = self.stmts[self.deferred.block].accumulates
             lines.append(f"{self.deferred.block}'s product issued one iteration late, after {self.deferred.after}'s: "

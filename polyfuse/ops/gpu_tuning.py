@@ -44,14 +44,14 @@ class GpuTuning:
     which hold a 64-wide value head's accumulators with the next score tile and the late P·V's operands
     (FlashAttention-3's choice for these heads); a 128-wide head needs two warpgroups of 240.  Taken by the wave
     rule of ``prefill_wgmma_rows_gain``, and only where the sequence spans two such tiles."""
-    prefill_wgmma_rows_gain: int = 8
+    prefill_wgmma_rows_gain: int = 16
     """Percent by which the wider tile of ``prefill_wgmma_rows`` computes a row faster where both tiles fill
     whole waves.  Each prefill block takes a whole SM (the producer's and the computing warpgroups' registers),
     so a grid runs in ``ceil(blocks / SMs)`` waves of one tile's time: the wider tile is taken where its waves ×
     rows, less this gain, are fewer than the narrower's.  Measured on the H200 (attn_global, 16 heads, same
-    process, benchmarks/results/2026-11-28_H200_77ade3a_rows192): 192 rows against 128 at S = 3072 and 6144 (the
-    same waves × rows) 1.079× and 1.093× faster; at S = 1024, 2048, 4096, 8192 (more waves × rows with 192)
-    0.83×, 0.78×, 0.98×, 0.97×; at 16384 (3% more) 1.064× — each as the rule predicts."""
+    process, benchmarks/results/2026-11-29_H200_9c3f45d_values): 192 rows against 128 take 16.7–18% less time
+    per wave-row at S = 3072, 4096 and 8192 (1.20×, 1.08×, 1.086× faster in all), and the same kernel time at
+    1024 and 2048, where the rule keeps 128."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
