@@ -133,6 +133,18 @@ def test_wide_query_tiles_are_taken_by_the_wave_rule(sizes, rows):
     assert next(t for t in to_tiles(narrow).tensors if t.name == "score").shape[2].value == min(128, rows)
 
 
+def test_a_batch_that_is_a_size_parameter_counts_as_one():
+    # The generic kernel (one for every batch, as the benchmark builds it) takes the tile the rule gives B = 1.
+    from polyfuse.device import PRESETS
+
+    op = ops.get("attn_global")
+    for s, rows in ((4096, 192), (2048, 128)):
+        sizes = {**op.presets["prefill"], "Sq": s, "Skv": s}
+        program = default_schedule("attn_global", "prefill", op.generic_program("prefill", "cuda", **sizes),
+                                   target="cuda", device=PRESETS["sm_90a"]).program
+        assert next(t for t in to_tiles(program).tensors if t.name == "score").shape[2].value == rows
+
+
 def test_the_wider_tile_is_refused_where_it_would_lose_the_late_product():
     # The divide-inside form keeps its late P·V with 128 rows (240 registers per computing thread) but not with
     # 192 (160): there the wave rule's choice is overruled, the overlap being worth more than the tile.

@@ -620,14 +620,16 @@ def _prefill_tile(sch: Schedule, device: DeviceSpec, tuning: GpuTuning) -> tuple
 def _prefill_rows(sch: Schedule, device: DeviceSpec, tuning: GpuTuning, rows: int) -> int:
     """Query rows per block of prefill attention on a device with warpgroup products: the wider tile of
     ``tuning.prefill_wgmma_rows`` for the program's value head where its waves of whole-SM blocks, times its
-    rows, less ``tuning.prefill_wgmma_rows_gain``, undercut ``rows``'s (see there); else ``rows``."""
+    rows, less ``tuning.prefill_wgmma_rows_gain``, undercut ``rows``'s (see there); else ``rows``.  A batch
+    that is a size parameter (one kernel for every batch) counts as 1: the fewest blocks, where the waves of
+    the two tiles differ most (a larger batch runs more waves, which the per-row gain decides)."""
     b, h, i, _, _ = sch.get_loops("qk")
-    extents = [_extent(sch, lp) for lp in (b, h, i)]
+    batch, heads, extent = (_extent(sch, lp) for lp in (b, h, i))
     dv = _extent(sch, sch.get_loops("pv")[3])
-    if dv is None or any(e is None for e in extents):
+    batch = 1 if batch is None else batch
+    if dv is None or heads is None or extent is None:
         return rows
     wide = next((r for widest, r in tuning.prefill_wgmma_rows if dv <= widest), None)
-    batch, heads, extent = extents
     if wide is None or extent < 2 * wide:
         return rows
 
