@@ -50,8 +50,8 @@ class GpuTuning:
     so a grid runs in ``ceil(blocks / SMs)`` waves of one tile's time: the wider tile is taken where its waves ×
     rows, less this gain, are fewer than the narrower's.  Measured on the H200 (attn_global, 16 heads, same
     process, benchmarks/results/2026-11-29_H200_9c3f45d_values): 192 rows against 128 take 16.7–18% less time
-    per wave-row at S = 3072, 4096 and 8192 (1.20×, 1.08×, 1.086× faster in all), and the same kernel time at
-    1024 and 2048, where the rule keeps 128."""
+    per wave-row at S = 3072, 4096 and 8192 (1.20×, 1.08×, 1.086× faster in all); at 1024 and 2048 (one and two
+    waves of either tile) the rule keeps 128."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
