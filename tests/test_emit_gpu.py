@@ -41,7 +41,7 @@ SHARED_PATH = CUDA.with_options(fragment_loops=False)
 that does not run in warp fragments takes): the tests of that path's staging, epilogues and row groups."""
 ROLLING = CUDA.with_options(rows_on_chip=False)
 """CUDA with rows rolled over chunks even where they fit on chip (the path of rows too long for registers)."""
-OLD_TILE = GpuTuning(prefill_tile=(32, 64), prefill_min_rows=16, prefill_wgmma_keys=64)
+OLD_TILE = GpuTuning(prefill_tile=(32, 64), prefill_min_rows=16, prefill_wgmma_keys=64, prefill_wgmma_rows=())
 """Prefill tiles of at most 32 query rows (8 warps share each tile: the shared-memory path's measured best)."""
 
 
