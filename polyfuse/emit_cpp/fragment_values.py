@@ -154,9 +154,9 @@ def rewrite(body: tuple[TileStore, ...], var: str, registers_only: set[str],
       written between), alone, summed, or as a product's A operand (whose B reads ``finite`` tensors only, or
       whose guard is on the operand itself), is ``E`` with ``m`` read as ``select(m == −∞, 0, m)``
       (:func:`guarded_by_the_max`): where ``m`` is −∞ every ``Z`` is −∞ (``m`` is at least each of them and a
-      NaN would have made ``m`` NaN: the generated max propagates NaN), so each exponential is ``exp(−∞ − 0) = +0`` and ``E`` is 0 as the guard
-      says (a product of +0 and finite values: ±0); elsewhere nothing changes.  The select once per row
-      instead of once per element.
+      NaN would have made ``m`` NaN: the generated max propagates NaN), so each exponential is
+      ``exp(−∞ − 0) = +0`` and ``E`` is 0 as the guard says (a product of +0 and finite values: ±0); elsewhere
+      nothing changes.  The select once per row instead of once per element.
     """
     def first_select(n: Expr, name: str) -> float | None:
         if (isinstance(n, Select) and isinstance(n.cond, BinOp) and n.cond.op == "=="
