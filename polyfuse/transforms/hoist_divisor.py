@@ -224,7 +224,7 @@ def _require_order(program: Program, sum_block: Block, divisor: Load, what: str)
         raise IllegalTransform(
             f"{what}: the divisor {divisor.tensor.name!r} must be written by one nest of its own before the sum's "
             f"(written by {', '.join(writers) or 'no block'}): hoist the division in the plain program, before fusing")
-    late = [r for r in readers if (position(r) or -1) <= here]
+    late = [r for r in readers if (at_reader := position(r)) is None or at_reader <= here]
     if late:
         raise IllegalTransform(f"{what}: {', '.join(late)} read(s) {tensor!r} from inside or before the sum's nest; "
                                "each reader must be a nest after the sum's to divide what it reads")
