@@ -266,6 +266,20 @@ def test_random_schedules_keep_the_meaning(name: str, steps: int, data: st.DataO
     assert Schedule(original(name)).replay(sch.trace.to_json()).program == sch.program
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(steps=st.integers(1, 4), data=st.data())
+def test_random_schedules_after_hoisting_a_divisor_keep_the_meaning(steps: int, data: st.DataObject) -> None:
+    """The divide-inside attention with its division hoisted out of the sum (a rounding-level change), then a few
+    random steps, fusions included: the plain program's outputs within the regrouped tolerance."""
+    sch = Schedule(original("attn_norm_inside"))
+    sch.hoist_divisor("pv")
+    assert_same_meaning("attn_norm_inside", sch.program, regrouped=True)
+    regrouped = True
+    for _ in range(steps):
+        prim, call = draw_step(data, sch, PRIMITIVES + FUSIONS)
+        regrouped = apply_step("attn_norm_inside", sch, prim, call, regrouped)
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(CHAINS), before=st.integers(0, 2), fusions=st.integers(1, 2), after=st.integers(0, 2),
        data=st.data())
