@@ -261,11 +261,11 @@ def _max_taken_over(body: tuple[TileStore, ...], values: dict[str, Expr], k: int
             isinstance(value, BinOp) and value.op == "max"):
         return None
     for r in (value.a, value.b):
-        scale = None
-        if isinstance(r, BinOp) and r.op == "*" and isinstance(r.b, Const) and 0 < float(r.b.value) < float("inf"):
-            r, scale = r.a, r.b
+        split = _positive_factor(r) if isinstance(r, BinOp) else None
+        if split is not None:
+            r = split[0]
         if isinstance(r, Reduce) and r.op == "max":
-            covered = r.tile if scale is None else BinOp("*", r.tile, scale)
+            covered = r.tile if split is None else BinOp("*", r.tile, Const(split[1], r.dtype))
             read = {x.tensor.name for x in walk_tile_expr(covered) if isinstance(x, TileLoad)} | {m.tensor.name}
             if any(body[j].tensor.name in read for j in range(writers[-1] + 1, k)):
                 return None
@@ -276,8 +276,7 @@ def _max_taken_over(body: tuple[TileStore, ...], values: dict[str, Expr], k: int
 def _anonymous(e: Expr) -> Expr:
     """``e`` with its loads' axes unnamed: the same elements read under any axis names compare equal."""
     def strip(n: Expr) -> Expr | None:
-        if isinstance(n, TileLoad) and n.mask is None and all(isinstance(i, Slice) or not isinstance(i, Gather)
-                                                                for i in n.index):
+        if isinstance(n, TileLoad) and n.mask is None and not any(isinstance(i, Gather) for i in n.index):
             return dataclasses.replace(n, index=tuple(dataclasses.replace(i, axis="") if isinstance(i, Slice) else i
                                                       for i in n.index))
         return None
@@ -316,13 +315,10 @@ def scaled_tiles(body: tuple[TileStore, ...], per_iteration: frozenset[str]) -> 
                for s in body for x in store_exprs(s) for n in walk_tile_expr(x)):
             continue
         split = _positive_factor(writers[0].value)
-        if split is not None and not depends_on_load(split[0], name):
+        if split is not None and not any(isinstance(n, TileLoad) and n.tensor.name == name
+                                         for n in walk_tile_expr(split[0])):
             found[name] = split
     return found
-
-
-def depends_on_load(e: Expr, name: str) -> bool:
-    return any(isinstance(n, TileLoad) and n.tensor.name == name for n in walk_tile_expr(e))
 
 
 def _positive_factor(e: Expr) -> tuple[Expr, float] | None:
