@@ -602,6 +602,7 @@ def _copy(em: CudaEmitter, rows: RowsOnChip, triples: list, to_memory: bool) -> 
     if not triples:
         return
     asynchronous = False
+    streamed = em.kernel_plan.streamed if em.kernel_plan is not None else frozenset()
     with _elements(em, rows, lanes=False):
         for access, arr, in_shared in sorted(triples, key=lambda t: not t[2]):  # (the asynchronous ones first)
             axis = next(i.axis for i in access.index if isinstance(i, Slice))
@@ -613,11 +614,14 @@ def _copy(em: CudaEmitter, rows: RowsOnChip, triples: list, to_memory: bool) -> 
             if use_async or in_shared:
                 _vector_copy(em, access.tensor.dtype.name, rows.vec, dst, src, use_async)
                 continue
+            once = not to_memory and access.tensor.name in streamed
             st = STORAGE_TYPES[access.tensor.dtype.name]
             ctype, n = chunks(SIZEOF[st], rows.vec)
             const = "" if to_memory else "const "
             for c in range(n):
-                em.line(f"reinterpret_cast<{ctype}*>({dst})[{c}] = reinterpret_cast<{const}{ctype}*>({src})[{c}];")
+                source = (f"pf::load_once(reinterpret_cast<const {ctype}*>({src}) + {c})" if once
+                          else f"reinterpret_cast<{const}{ctype}*>({src})[{c}]")
+                em.line(f"reinterpret_cast<{ctype}*>({dst})[{c}] = {source};")
     if asynchronous:
         em.line("pf::cp_async_commit();")
         em.line("pf::cp_async_wait<0>();  // (each thread reads back only the vectors it copied: no barrier)")

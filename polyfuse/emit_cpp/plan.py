@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fold as fold_
-from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream
+from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream, streaming
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
     walk_unmaterialized, worth_hoisting,
@@ -146,6 +146,9 @@ class KernelPlan:
     not_refilled: str = ""
     """Where they copy them when each iteration needs them although the options' ``refill_tiles`` is on: why
     (:func:`_why_not_refilled`)."""
+    streamed: frozenset[str] = frozenset()
+    """The tensors its rows on chip read once, loaded with the cache-streaming hint
+    (:mod:`~polyfuse.emit_cpp.streaming`)."""
     replanned: str = ""
     """Where it was planned with an option of the program's turned off (its shared memory would not fit a block
     otherwise): which, and why; printed in the plan and above the kernel in its source, whose options line is the
@@ -217,6 +220,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                      tma=wgmma and device.tma and options.tma)
 
     split = presplit.plan(gpu.nests, frame_of)
+    params = [p.name for p in gpu.program.params]
     kernels: list[KernelPlan] = []
     at_top = dataclasses.replace(options, prefetch=False)
     in_turn = dataclasses.replace(options, overlap_products=False)
@@ -243,18 +247,27 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
                                  device),
                     replanned=f"prefetch=off (operand tiles copied a stage ahead would take {peak} bytes of shared "
                               f"memory; each iteration's are copied at its top, with no producer warpgroup)")
-            kernels.append(_refuse_oversized(plan, device))
+            kernels.append(_streaming(_refuse_oversized(plan, device), params, options))
             continue
         partial = kernels[-1]
         folded = _fold(partial, nest, f"{entry}_k{k}", dict(tensors), shared_names, frame, device)
         if isinstance(folded, KernelPlan):
             kernels[-1] = folded
         else:
-            kernels.append(dataclasses.replace(_refuse_oversized(_plan_kernel(nest, f"{entry}_k{k}", frame, device),
-                                                                 device), unfolded=folded))
+            kernels.append(dataclasses.replace(
+                _streaming(_refuse_oversized(_plan_kernel(nest, f"{entry}_k{k}", frame, device), device), params,
+                           options),
+                unfolded=folded))
     outputs = gpu.program.outputs
     fast_exp = options.fast_exp and bool(outputs) and all(t.dtype.is_float and t.dtype.bits == 16 for t in outputs)
     return ProgramPlan(device, options, split, tuple(kernels), fast_exp)
+
+
+def _streaming(plan: KernelPlan, params: list[str], options: CodegenOptions) -> KernelPlan:
+    """``plan`` with the tensors its kernel reads once (:func:`~polyfuse.emit_cpp.streaming.streamed`)."""
+    if plan.nest.kind == MAP or not options.streaming_loads:
+        return plan
+    return dataclasses.replace(plan, streamed=streaming.streamed(plan.nest.chain, params, plan.rows))
 
 
 def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, Tensor], shared: frozenset[str],
@@ -786,6 +799,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
     held = "" if not any(lp.fragments for lp in k.loops.values()) else " and registers"
     lines.append(f"  shared memory: {k.peak} bytes; {k.blocks_per_sm} blocks per SM by shared memory{held}{bounds}"
                  + ("" if k.keeps_tiles else "; loops keep no tiles (they would not fit)"))
+    if k.streamed:
+        lines.append(f"  read once, loaded evict-first: {', '.join(sorted(k.streamed))}")
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
         lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")

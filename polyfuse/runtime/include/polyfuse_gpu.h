@@ -203,6 +203,16 @@ PF_DEV void syncwarp() {
 #endif
 }
 
+// A load of data the kernel reads once (emit_cpp/streaming.py): cache-streaming, evicted first from L1 and L2
+// (ld.global.cs); HIP: a plain load.
+template <class T> PF_DEV T load_once(const T* p) {
+#if defined(__HIPCC__)
+    return *p;
+#else
+    return __ldcs(p);
+#endif
+}
+
 // ---------------------------------------------------------------- tensor cores (CUDA, sm_80+)
 #if !defined(__HIPCC__)
 PF_DEV uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
