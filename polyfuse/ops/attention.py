@@ -202,9 +202,10 @@ def reference(name: str, variant: Variant, inputs: Arrays, mode: str, sizes: Siz
         v = k[..., :d.Dv]
     else:
         k, v = inputs["k"].astype(np.float64), inputs["v"].astype(np.float64)
-    heads = np.arange(d.Hq) // d.group
-    k, v = k[:, heads], v[:, heads]
-    p = np.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d.D)
+    # Query head h reads kv head h // group: the heads of a kv head as one more axis (g), so that no copy of the
+    # keys per query head is made (MLA's 128 heads of one 32768 x 576 cache would be 19 GB of float64).
+    qg = q.reshape(d.B, d.Hkv, d.group, d.Sq, d.D)
+    p = np.einsum("bkgid,bkjd->bkgij", qg, k).reshape(d.B, d.Hq, d.Sq, d.Skv) / math.sqrt(d.D)
     if variant.softcap is not None:
         p = variant.softcap * np.tanh(p / variant.softcap)
     pos = (np.arange(d.Sq) + d.offset)[:, None]
@@ -222,7 +223,9 @@ def reference(name: str, variant: Variant, inputs: Arrays, mode: str, sizes: Siz
     # A weight below f32's range is 0 in the program (its weights are f32): an infinite value at such a
     # key then gives 0·inf = NaN there, and must here too.
     e = np.where(e.astype(np.float32) == 0, 0.0, e)
-    return {"out": np.einsum("bhij,bhjd->bhid", e, v) / e.sum(axis=-1)[..., None]}
+    eg = e.reshape(d.B, d.Hkv, d.group, d.Sq, d.Skv)
+    out = np.einsum("bkgij,bkjd->bkgid", eg, v).reshape(d.B, d.Hq, d.Sq, -1)
+    return {"out": out / e.sum(axis=-1)[..., None]}
 
 
 def draw(rng: np.random.Generator, shape: tuple[int, ...], bound: float) -> np.ndarray:
