@@ -65,6 +65,8 @@ below 3·sqrt(3)·100 < 65504 in f16 (MLA's latent q part below 3e4), and |q·k|
 
 GRID_BITS = 6
 """Inputs are rounded to GRID_BITS bits below their bound's leading bit (see :func:`draw`)."""
+DRAW_CHUNK = 1 << 22
+"""Values :func:`draw` draws at a time."""
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,14 @@ def draw(rng: np.random.Generator, shape: tuple[int, ...], bound: float) -> np.n
     if not bound < np.finfo(np.float16).max:
         raise PolyfuseError(f"attention inputs of bound {bound:g} do not fit f16; use a smaller magnitude")
     step = 2.0 ** (math.floor(math.log2(bound)) - GRID_BITS)
-    return (np.trunc(rng.uniform(-bound, bound, size=shape) / step) * step).astype(np.float16)
+    # In pieces (the generator's stream is the same drawn at once or in pieces): the float64 draws of a whole
+    # decode cache at B=32 would take 8.6 GB.
+    out = np.empty(shape, dtype=np.float16)
+    flat = out.reshape(-1)
+    for start in range(0, flat.size, DRAW_CHUNK):
+        n = min(DRAW_CHUNK, flat.size - start)
+        flat[start:start + n] = np.trunc(rng.uniform(-bound, bound, size=n) / step) * step
+    return out
 
 
 def make_inputs(name: str, variant: Variant, rng: np.random.Generator, mode: str, sizes: Sizes,
