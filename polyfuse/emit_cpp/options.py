@@ -114,9 +114,10 @@ class CodegenOptions:
     tile right after its last reader (decode's value tile arrives while the scores are computed, the next key
     tile during the softmax and the second product); planned only where the buffers let as many blocks run at
     once as copying per statement, or all of them; off: copied when the products need them.
-    ``streaming_loads``: a row kernel that keeps its rows on chip and writes values per row (a reduction) loads the
-    rows it reads once (each element at most once over the launch, proven by ISL) with the cache-streaming hint,
-    evicted first from L1 and L2 (:mod:`~polyfuse.emit_cpp.streaming`); values are unchanged.
+    ``streaming_loads``: a row kernel that keeps its rows in the registers of two or more blocks per SM and writes
+    values per row (a reduction) loads the rows it reads once (each element at most once over the launch, proven
+    by ISL) with the cache-streaming hint, evicted first from L1 and L2 (:mod:`~polyfuse.emit_cpp.streaming`);
+    values are unchanged.
     """
 
     fast_exp: bool = True

@@ -265,7 +265,7 @@ def plan_program(gpu: GpuProgram, entry: str, device: DeviceSpec, options: Codeg
 
 def _streaming(plan: KernelPlan, params: list[str], options: CodegenOptions) -> KernelPlan:
     """``plan`` with the tensors its kernel reads once (:func:`~polyfuse.emit_cpp.streaming.streamed`)."""
-    if plan.nest.kind == MAP or not options.streaming_loads:
+    if not options.streaming_loads:
         return plan
     return dataclasses.replace(plan, streamed=streaming.streamed(plan.nest.chain, params, plan.rows))
 
