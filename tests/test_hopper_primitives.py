@@ -47,11 +47,31 @@ extern "C" __global__ void __launch_bounds__(128) wgmma_probe(const uint16_t* __
     pf::wgmma_fence();
 #pragma unroll
     for (int s = 0; s < 4; ++s)  // k steps of 16: 32 bytes further along the swizzled rows (+2 in the descriptor)
-        pf::wgmma_m64n64k16_f16(d, pf::wgmma_desc_k128(sa) + 2 * s, pf::wgmma_desc_k128(sb) + 2 * s, s > 0);
+        pf::wgmma_m64n64k16_f16(d, pf::wgmma_desc_plus(pf::wgmma_desc_k128(sa), 32 * s),
+                                pf::wgmma_desc_plus(pf::wgmma_desc_k128(sb), 32 * s), s > 0);
     pf::wgmma_commit();
     pf::wgmma_wait<0>();
 #pragma unroll
     for (int r = 0; r < 32; ++r) c[t * 32 + r] = d[r];
+#endif
+}
+"""
+
+
+DESC_KERNEL = r"""
+#include "polyfuse_gpu.h"
+
+// bad[0]: offsets (every 16 bytes of the block's shared memory) where a descriptor moved by pf::wgmma_desc_plus differs
+// from the one built at the offset; bad[1]: threads whose pf::warp_uniform of their warp index differs from it.
+extern "C" __global__ void __launch_bounds__(256) desc_probe(unsigned int* __restrict__ bad, long long shared)
+{
+    extern __shared__ __align__(1024) unsigned char pf_smem[];
+    const int t = static_cast<int>(threadIdx.x);
+    if (pf::warp_uniform(t / 32) != t / 32) atomicAdd(&bad[1], 1u);
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    const uint64_t base = pf::wgmma_desc_k128(pf_smem, 2048);
+    for (unsigned int bytes = 16u * t; bytes < shared; bytes += 16u * blockDim.x)
+        if (pf::wgmma_desc_plus(base, bytes) != pf::wgmma_desc_k128(pf_smem + bytes, 2048)) atomicAdd(&bad[0], 1u);
 #endif
 }
 """
@@ -528,9 +548,9 @@ def test_the_warpgroup_fragment_covers_the_tile_once():
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("kernel", [KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL, ATTENTION_KERNEL,
-                                    WIDE_KERNEL, *map(_panel_kernel, PANEL_TYPES)],
-                         ids=["wgmma", "tma", "rs", "chain", "pipeline", "attention", "wide", *PANEL_TYPES])
+@pytest.mark.parametrize("kernel", [KERNEL, DESC_KERNEL, TMA_KERNEL, RS_KERNEL, CHAIN_KERNEL, PIPELINE_KERNEL,
+                                    ATTENTION_KERNEL, WIDE_KERNEL, *map(_panel_kernel, PANEL_TYPES)],
+                         ids=["wgmma", "desc", "tma", "rs", "chain", "pipeline", "attention", "wide", *PANEL_TYPES])
 def test_the_hopper_primitives_compile_for_sm_90a(kernel):
     compile_gpu(kernel, "hopper_probe", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
@@ -549,6 +569,22 @@ def test_wgmma_m64n64k16_matches_numpy():
     driver.synchronize()
     driver.to_host(raw.ctypes.data, pointers[2], raw.nbytes)
     _product(raw, a, b)
+
+
+@pytest.mark.gpu
+def test_descriptors_moved_by_an_offset_equal_those_built_there():
+    """``wgmma_desc_plus`` (the code generator's k steps and chunks) against ``wgmma_desc_k128`` at every 16-byte
+    offset of the largest shared memory a block may have, and ``warp_uniform`` of each warp's index."""
+    driver = _sm90_driver()
+    image = compile_gpu(DESC_KERNEL, "desc_probe", "cuda", "sm_90a", options=CompileOptions(werror=True))
+    shared = 227 * 1024
+    function = driver.function(driver.load(image.read_bytes()), "desc_probe", shared)
+    bad = np.zeros(2, np.uint32)
+    pointers, _owners = _upload(driver, bad)
+    driver.launch(function, 1, 256, shared, pointers, [shared])  # (sizes travel as 64-bit integers)
+    driver.synchronize()
+    driver.to_host(bad.ctypes.data, pointers[0], bad.nbytes)
+    assert bad.tolist() == [0, 0]
 
 
 @pytest.mark.gpu

@@ -55,8 +55,8 @@ def test_heads_64_wide_issue_pv_one_iteration_late_with_three_stages(name):
     assert re.search(r"pf::mbarrier_wait\(&pf_bar\d+\[3 \+ \(j_0 % 3\)\], \(\(j_0 / 3\) & 1\) \^ 1\);", text)
     assert "const int pf_prev = (32) - 1;" in text  # the last iteration's product, after the loop
     # the product of the previous iteration reads the value tile of its stage
-    assert re.search(r"_rs<1, 0>\(pf_late_fc\d+, pf_late_fa\d+\[pf_ks\], pf::wgmma_desc_k128\(\(pf_fb\d+ \+ "
-                     r"\(pf_prev % 3\) \* \d+\)", text)
+    assert re.search(r"const uint64_t (pf_db\d+) = pf::wgmma_desc_k128\(\(pf_fb\d+ \+ \(pf_prev % 3\) \* \d+\)\);"
+                     r"(?s:.*?)_rs<1, 0>\(pf_late_fc\d+, pf_late_fa\d+\[pf_ks\], pf::wgmma_desc_plus\(\1, ", text)
 
 
 def test_every_iteration_computes_the_whole_score_tile():

@@ -935,28 +935,34 @@ def _warpgroup_issue(em: CudaEmitter, st: FragmentStmt, acc: str, sa: str | None
     width = plan.width
     name = f"pf::wgmma_m64n{width}k16_{LOW[plan.low.name]}"
     accumulate = "true" if st.accumulates else "pf_ks > 0"
+    # Each operand's descriptor is built once; a k step or chunk adds its byte offset to the start address field
+    # (pf::wgmma_desc_plus): one integer add per product instead of rebuilding every field.
+    size = plan.low.bits // 8
+    panels = width // PANEL
+    da = em.fresh("da")
+    if sa is not None:
+        em.line(f"const uint64_t {da} = pf::wgmma_desc_k128({sa} + pf::warp_uniform(pf_warp / 4) * "
+                f"{WARPGROUP_ROWS * PANEL});")
+    db = em.fresh("db")
+    lbo = f", {b.outer_pad * PANEL * size}" if b.trans and panels > 1 else ""
+    em.line(f"const uint64_t {db} = pf::wgmma_desc_k128({sb}{lbo});")
     em.line("pf::wgmma_fence();")
     em.line("#pragma unroll")
     em.open(f"for (int pf_ks = 0; pf_ks < {steps}; ++pf_ks)")
-    # Element offsets (k steps of 16 columns: 32 bytes along a K-major panel's rows, 16 rows of an N-major one).
-    k_major = "(pf_ks / 4) * {panel} + (pf_ks % 4) * 16"
-    if sa is not None:
-        at = k_major.format(panel=a.outer_pad * PANEL) + f" + (pf_warp / 4) * {WARPGROUP_ROWS * PANEL}"
-        em.line(f"const uint64_t pf_da = pf::wgmma_desc_k128({sa} + {at});")
-    panels = width // PANEL
+    # Byte offsets (k steps of 16 columns: 32 bytes along a K-major panel's rows, 16 rows of an N-major one).
+    k_major = "(pf_ks / 4) * {panel} + (pf_ks % 4) * " + str(16 * size)
+    desc_a = f"pf::wgmma_desc_plus({da}, {k_major.format(panel=a.outer_pad * PANEL * size)})"
     for c in chunks:
         if b.trans:
-            at = f"{c * panels * b.outer_pad * PANEL} + pf_ks * {16 * PANEL}"
-            lbo = f", {b.outer_pad * PANEL * plan.low.bits // 8}" if panels > 1 else ""
+            at = f"{c * panels * b.outer_pad * PANEL * size} + pf_ks * {16 * PANEL * size}"
         else:
-            at = k_major.format(panel=b.outer_pad * PANEL) + (f" + {c * width * PANEL}" if c else "")
-            lbo = ""
-        db = f"pf::wgmma_desc_k128({sb} + {at}{lbo})"
+            at = k_major.format(panel=b.outer_pad * PANEL * size) + (f" + {c * width * PANEL * size}" if c else "")
+        desc_b = f"pf::wgmma_desc_plus({db}, {at})"
         template = f"<{int(b.trans)}, {c - chunks.start}>"
         if sa is None:
-            em.line(f"{name}_rs{template}({acc}, {fa}[pf_ks], {db}, {accumulate});")
+            em.line(f"{name}_rs{template}({acc}, {fa}[pf_ks], {desc_b}, {accumulate});")
         else:
-            em.line(f"{name}{template}({acc}, pf_da, {db}, {accumulate});")
+            em.line(f"{name}{template}({acc}, {desc_a}, {desc_b}, {accumulate});")
     em.close()
     em.line("pf::wgmma_commit();")
     if then is not None:

@@ -192,6 +192,15 @@ template <class T> PF_DEV T shfl_xor(T v, int lane_mask) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 #endif
 }
+// ``v`` (the same in every lane) as lane 0 holds it: the compiler then knows it is uniform across the warp and can
+// keep what is computed from it in uniform registers (a warpgroup's wgmma descriptors, built from its index).
+PF_DEV int warp_uniform(int v) {
+#if defined(__HIPCC__)
+    return __builtin_amdgcn_readfirstlane(v);
+#else
+    return __shfl_sync(0xffffffffu, v, 0);
+#endif
+}
 // Orders the shared and global memory accesses of a warp's (wavefront's) lanes; every lane must call it.
 PF_DEV void syncwarp() {
 #if defined(__HIPCC__)
@@ -291,6 +300,12 @@ PF_DEV int swizzled_at(int o, int i, int outer) {
 PF_DEV uint64_t wgmma_desc_k128(const void* tile, uint32_t lbo = 16) {
     return (uint64_t((smem_addr(tile) & 0x3FFFF) >> 4)) | (uint64_t((lbo >> 4) & 0x3FFF) << 16)
            | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+// The descriptor of the tile ``bytes`` (a multiple of 16) after ``desc``'s: its start address field (bits 0-13,
+// address >> 4) plus bytes >> 4.  Both tiles lie in the block's shared memory (addresses below 2^18), so the sum
+// stays inside the field and only the low word changes: one add where a k step or chunk moves along a tile.
+PF_DEV uint64_t wgmma_desc_plus(uint64_t desc, uint32_t bytes) {
+    return (desc & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(desc) + (bytes >> 4));
 }
 // Ordinary stores to shared memory become visible to the async proxy (wgmma, bulk copies) after this fence.
 PF_DEV void fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
