@@ -208,6 +208,16 @@ def test_a_select_on_an_uncertain_condition_covers_the_other_branch():
     assert v == 5.0 and e <= 8 * U32  # 0·x is exactly 0: the condition is certain
 
 
+def test_an_input_equal_to_a_short_binary_threshold_is_a_certain_comparison():
+    # 0.5 is what it says; 0.1 stands for a rounded real, so an input equal to it may be on either side
+    x = np.array([[0.5, 0.1]], np.float64)
+    program = _map_program("f64", 2, lambda t: select(t > 0.5, t - 7.0, 0.0) + select(t > 0.1, t - 3.0, 0.0))
+    values, bounds = _bounded(program, x=x)["y"]
+    assert values[0].tolist() == [0.5 - 3.0, 0.0]
+    assert bounds[0, 0] <= 4 * UNIT_ROUNDOFF["f64"] * 3.0  # the 0.5 comparison certain (the 0.1 one true by far)
+    assert bounds[0, 1] >= 2.9  # at 0.1 the other branch, 0.1 - 3, is covered
+
+
 # ------------------------------------------------------------------ non-finite values
 
 def test_infinite_identities_are_exact_and_overflow_is_not():

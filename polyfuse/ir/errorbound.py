@@ -38,6 +38,7 @@ Bounds are computed in float64; their own rounding (relative 2^-53) is ignored.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import ml_dtypes
@@ -130,12 +131,24 @@ class BoundRunner(Runner):
 
 
 def _constant_error(c: Const) -> Value:
-    """A float constant that is not an integer stands for a real number rounded to its dtype (``1e-5``, a
-    solver's ``1/M``): it carries that rounding, so programs that write one constant two ways agree."""
+    """A float constant stands for a real number rounded to its dtype (``1e-5``, a solver's ``1/M``): it carries
+    that rounding, so programs that write one constant two ways agree — unless it is an integer or a short binary
+    fraction (:func:`_short`: ``0.5``, ``-1.25``), which is what it says.  Taking such a threshold as rounded would
+    make an input that equals it an uncertain comparison in every program, and a fused program that selects the
+    same branch there (the comparison is exact in both) look less accurate than the plain one."""
     v = c.value
-    if c.dtype.is_float and np.isfinite(v) and v != np.round(v):
+    if c.dtype.is_float and np.isfinite(v) and v != np.round(v) and not _short(float(v), c.dtype):
         return np.float64(UNIT_ROUNDOFF[c.dtype.name] * abs(v))
     return _ZERO
+
+
+def _short(v: float, dtype: DType) -> bool:
+    """Whether ``v``'s binary significand has at most half the bits of ``dtype``'s (a rounded real number takes
+    them all, but for one in 2^(bits/2))."""
+    m, _ = math.frexp(abs(v))
+    n = int(m * 2.0 ** 53)  # (exact: a double's significand)
+    n >>= (n & -n).bit_length() - 1
+    return n.bit_length() <= round(-math.log2(UNIT_ROUNDOFF[dtype.name])) // 2
 
 
 def propagate(e: BinOp | Call | Select | Cast, values: list[Value], errors: list[Value], r: Value) -> Value:
