@@ -192,15 +192,11 @@ template <class T> PF_DEV T shfl_xor(T v, int lane_mask) {
     return __shfl_xor_sync(0xffffffffu, v, lane_mask);
 #endif
 }
+#if !defined(__HIPCC__)
 // ``v`` (the same in every lane) as lane 0 holds it: the compiler then knows it is uniform across the warp and can
 // keep what is computed from it in uniform registers (a warpgroup's wgmma descriptors, built from its index).
-PF_DEV int warp_uniform(int v) {
-#if defined(__HIPCC__)
-    return __builtin_amdgcn_readfirstlane(v);
-#else
-    return __shfl_sync(0xffffffffu, v, 0);
+PF_DEV int warp_uniform(int v) { return __shfl_sync(0xffffffffu, v, 0); }
 #endif
-}
 // Orders the shared and global memory accesses of a warp's (wavefront's) lanes; every lane must call it.
 PF_DEV void syncwarp() {
 #if defined(__HIPCC__)
