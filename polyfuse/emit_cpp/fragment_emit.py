@@ -14,11 +14,12 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp import tma
 from polyfuse.emit_cpp.cfamily import _REDUCE_INIT, axis_var
 from polyfuse.emit_cpp.dotplan import LOW, M16N8, PANEL, WGMMA, LdmatrixFragment, OperandPlan
-from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, _body
+from polyfuse.emit_cpp.fragments import STRIP, FragmentLoop, FragmentStmt, Held, SharedValue, StagedStore, _body
 from polyfuse.emit_cpp.warpgroups import PRODUCER_REGISTERS, PRODUCER_WARPS, WARPGROUP_ROWS, WARPGROUP_WARPS
 from polyfuse.emit_cpp.fragment_values import is_zero, reductions
 from polyfuse.emit_cpp.staging import copy_async, stage_elements, stage_raw, stage_vector
 from polyfuse.emit_cpp.stream import consume
+from polyfuse.emit_cpp.vector import CHUNK_TYPES, VECTOR_BYTES
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import Expr
@@ -100,7 +101,8 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     its copies land; the computing warps wait for ``full``, compute, and arrive on ``empty`` (with a product
     issued one iteration late, for the previous iteration's stage: its ``b`` was read until then).  The producer
     gives registers back and the others take them (``setmaxnreg``: the computing warps hold every tile in
-    registers).  The tiles copied once (the query tile) are copied by every thread before the roles split.
+    registers).  The mbarriers are set up first, so that the producer's first copies are under way while the
+    computing warps copy the tiles copied once (the query tile) and meet at a named barrier of their own.
     mbarrier phases: stage ``s`` completes phase ``j / S`` at iteration ``j``, so ``full`` is waited with parity
     ``(j / S) & 1`` and ``empty`` (for the iteration ``S`` before) with the other one."""
     bars, var = fl.barriers, loop.var.name
@@ -113,13 +115,6 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
         for m in tma.kernel_maps(fl.boxes.values()):
             em.line(f"pf::tma_prefetch(&{m.name});")
         em.close()
-    em.open(f"if ({extent} > 0)")
-    em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
-    _issue(em, fl, body, "kept", var)
-    em.close()
-    em.line("pf::cp_async_commit();")
-    em.line("pf::cp_async_wait<0>();")
-    em.line("pf::fence_async_shared();")
     em.open("if (pf_tid == 0)")
     for stage in range(stages):
         if fl.boxes:
@@ -151,6 +146,17 @@ def _specialised(em: CudaEmitter, loop: Loop, fl: FragmentLoop, body: tuple[Tile
     em.close()
     em.open("else")
     em.line(f"pf::setmaxnreg_inc<{fl.computing_registers}>();")
+    if any(op.source == "kept" for _st, _role, op, _low in _memory_operands(em, fl, body)):
+        em.line("// the kept tiles, copied by the computing warps while the producer's first copies are under way")
+        em.open(f"if ({extent} > 0)")
+        em.line(f"[[maybe_unused]] const {em.widths.loop} {var} = 0;")
+        with em.threads_as("pf_tid", computing):
+            _issue(em, fl, body, "kept", var)
+        em.close()
+        em.line("pf::cp_async_commit();")
+        em.line("pf::cp_async_wait<0>();")
+        em.line("pf::fence_async_shared();")
+        em.line(f"pf::named_sync({_computing_barrier(fl)}, {computing});  // (every computing warp's part of them)")
     _load_held(em, fl)
     late = _Late.declare(em, fl, body) if fl.deferred is not None else None
     turns = _Turns(fl.turns) if fl.turns else None
@@ -453,8 +459,16 @@ def _at(em: CudaEmitter, held: Mapping[str, Held], s: TileStore, body: Callable[
     em.close()
 
 
+def _computing_barrier(fl: FragmentLoop) -> int:
+    """The named barrier of the computing warps alone (after the turns' barriers ``1 .. turns``)."""
+    return fl.turns + 1
+
+
 def _finish(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held]) -> None:
     """The epilogue's statements from the registers, and the tensors the loop keeps in memory written back."""
+    if fl.staged:
+        em.line(f"pf::named_sync({_computing_barrier(fl)}, {-(-fl.rows // STRIP) * em.warp});  // (every computing "
+                "warp is done with the operand buffers: the staged stores reuse them)")
     for s in fl.epilogue:
         _statement(em, fl, held, s, {}, None)
     for h in fl.held:
@@ -664,6 +678,8 @@ def _statement(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: T
             override(r, f"{name}[pf_h]")
         if st.dot is None:
             _all_elements(em, fl, held, s, st, value_expr, env)
+            if (plan := fl.staged.get(s.block)) is not None:
+                _copy_out(em, fl, s, st, plan, env)
         elif st.accumulates:
             # The product's start into the statement's registers, then the product accumulating into them.
             assert isinstance(value_expr, Dot) and st.elementwise is not None
@@ -730,6 +746,11 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
         if s.mask is not None:
             value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
         em.line(f"{target.element} = {value};")
+    elif (plan := fl.staged.get(s.block)) is not None:
+        value = em.to_storage(em.convert(em.scalar(value_expr, env), value_expr.dtype, s.tensor.dtype), s.tensor.dtype)
+        assert st.col is not None
+        at = f"reinterpret_cast<{em.stype(s.tensor.dtype)}*>({plan.buffer})[pf_m * {plan.pitch} + {axis_var(st.col)}]"
+        em.line(f"if ({em.scalar(s.mask, env)}) {at} = {value};" if s.mask is not None else f"{at} = {value};")
     else:
         em.assign(s, env)
     if st.col is not None:
@@ -740,6 +761,30 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
     em.close()
     for x in parts:  # (their variables are out of scope now)
         del em.overrides[x]
+
+
+def _copy_out(em: CudaEmitter, fl: FragmentLoop, s: TileStore, st: FragmentStmt, plan: StagedStore,
+              env: dict[str, str]) -> None:
+    """The warp's rows of staged statement ``s`` copied from shared memory to ``s``'s tensor, 16 bytes per lane
+    (:func:`~polyfuse.emit_cpp.fragments.staged_store`): the real rows, where the mask holds."""
+    assert st.col is not None
+    chunks = em.sizes[st.col] // plan.vec
+    piece = CHUNK_TYPES[VECTOR_BYTES]
+    em.line("__syncwarp();  // (the warp's rows are staged)")
+    em.line("#pragma unroll")
+    em.open(f"for (int pf_v = pf_lane; pf_v < {STRIP * chunks}; pf_v += {em.warp})")
+    em.line(f"const int pf_m = pf_warp * {STRIP} + pf_v / {chunks};")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(st.row)} = pf_m;")
+    em.line(f"[[maybe_unused]] const {em.widths.tile} {axis_var(st.col)} = pf_v % {chunks} * {plan.vec};")
+    tests = [f"pf_m < {fl.rows}"] if fl.rows % STRIP else []
+    if s.mask is not None:
+        tests.append(f"({em.scalar(s.mask, env)})")
+    stype = em.stype(s.tensor.dtype)
+    src = (f"*reinterpret_cast<const {piece}*>(reinterpret_cast<const {stype}*>({plan.buffer}) + pf_m * {plan.pitch}"
+           f" + {axis_var(st.col)})")
+    copy = f"*reinterpret_cast<{piece}*>(&{em.access(s.tensor, s.index, env)}) = {src};"
+    em.line(f"if ({' && '.join(tests)}) {copy}" if tests else copy)
+    em.close()
 
 
 def _shared_value(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], v: SharedValue) -> None:

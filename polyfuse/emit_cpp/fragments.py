@@ -73,6 +73,7 @@ from polyfuse.emit_cpp.fragment_values import (
 )
 from polyfuse.emit_cpp.reciprocal import Reciprocal
 from polyfuse.emit_cpp.resident import tile_shape
+from polyfuse.emit_cpp.vector import VECTOR_BYTES, aligned
 from polyfuse.emit_cpp.dotplan import (
     M16N8, MMA_SYNC, PANEL, SWIZZLE_ALIGN, WGMMA, DotPlan, Frame, OperandPlan, Staged,
     mma_type, raw_staging, staging,
@@ -85,7 +86,8 @@ from polyfuse.ir.simplify import simplify
 from polyfuse.ir.visit import substitute
 from polyfuse.ir.stmt import INPUT, OUTPUT, Loop, Seq, Stmt
 from polyfuse.tiling.htile import (
-    Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, tensors_read, tile_children,
+    Dot, Index, Reduce, Slice, Squeeze, TileLoad, TileStore, axes_of, axis_sizes, depends_on, tensors_read,
+    tile_children,
     walk_tile_expr, walk_tile_stmts,
 )
 from polyfuse.tiling.inline import rename_axes
@@ -224,6 +226,17 @@ class Deferred:
 
 
 @dataclass(frozen=True)
+class StagedStore:
+    """An epilogue statement that writes a tile of rows to memory through shared memory
+    (:func:`staged_store`): each element into row ``pf_m`` of ``pitch`` elements at the start of staging
+    buffer ``buffer``, then each warp's rows copied out ``vec`` elements (16 bytes) at a time."""
+
+    buffer: str
+    pitch: int
+    vec: int
+
+
+@dataclass(frozen=True)
 class FragmentLoop:
     """A loop computed in warp fragments: ``rows`` rows per tile (``rows / 16`` warps), the tensors in
     registers, the statements' plans by block (the loop's and its ``epilogue``'s: the statements after the
@@ -260,6 +273,9 @@ class FragmentLoop:
     copies (:mod:`~polyfuse.emit_cpp.tma`, the options' ``tma``); empty: cp.async by all its threads."""
     copies: str = ""
     """With a producer warpgroup: how it copies, and why not by bulk copies where it does not."""
+    staged: Mapping[str, StagedStore] = dataclasses.field(default_factory=dict)
+    """With a producer warpgroup: the epilogue statements written through shared memory, by block
+    (:func:`staged_store`)."""
 
     @property
     def stages(self) -> int:
@@ -350,7 +366,9 @@ class FragmentLoop:
             lines.append(f"the {self.turns} computing warpgroups issue their products in turns (named barriers "
                          f"1..{self.turns})")
         if self.epilogue:
-            lines.append("after the loop, from registers: " + ", ".join(e.block for e in self.epilogue))
+            lines.append("after the loop, from registers: " + ", ".join(
+                e.block + (f" (through {p.buffer}'s shared memory, rows of {p.pitch}, then {p.vec} elements per "
+                           "copy)" if (p := self.staged.get(e.block)) else "") for e in self.epilogue))
         return lines
 
 
@@ -780,12 +798,50 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
                                                 for block, st in result.stmts.items()})
     deferred = _deferred(frame, loop, body, result, budget, own)
     if deferred is None:
-        return result
+        return _with_staged_stores(frame, result)
     warpgroups_computing = shape.rows // WARPGROUP_ROWS
-    return dataclasses.replace(result, deferred=deferred,
+    return _with_staged_stores(frame, dataclasses.replace(result, deferred=deferred,
                                buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers),
                                turns=warpgroups_computing if frame.options.warpgroup_turns and warpgroups_computing > 1
-                               else 0)
+                               else 0))
+
+
+def _with_staged_stores(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
+    """``fl`` with each epilogue statement that may go through shared memory planned so (:func:`staged_store`)."""
+    staged = {s.block: p for s in fl.epilogue if (p := staged_store(frame, fl, s)) is not None}
+    return dataclasses.replace(fl, staged=staged) if staged else fl
+
+
+def staged_store(frame: Frame, fl: FragmentLoop, s: TileStore) -> StagedStore | None:
+    """How epilogue statement ``s`` of ``fl`` writes its tile through shared memory, if it may (the options'
+    ``staged_stores``).  From the registers, one store instruction of a warp writes two bytes in each of eight
+    rows: eight partial sectors, and the out tile of an attention block took longer to write than five key
+    tiles to compute.  Staged, each warp writes its 16 rows into shared memory, then copies them out 16 bytes
+    per lane, whole lines per instruction.
+
+    Planned where the loop has a producer warpgroup: once every computing warp has passed the barrier before the
+    epilogue, each has waited for every copy the producer issued and for its own products, so no copy or product
+    reads or writes the operand buffers any more and the first buffer large enough takes the tile (a row of
+    ``cols`` elements and 16 bytes of padding, which keeps the fragment writes free of bank conflicts).  The
+    statement writes a tile of rows and columns (not a row vector), unreduced, to a tensor in global memory whose
+    last dimension is its column axis, 16-byte aligned at every row (:func:`~polyfuse.emit_cpp.vector.aligned`),
+    and its mask, if any, does not depend on the column: each 16-byte piece is written whole or not at all."""
+    if not (frame.options.staged_stores and fl.producer):
+        return None
+    st = fl.stmts[s.block]
+    t = s.tensor
+    if st.col is None or s.reducer is not None or t.dtype.is_bool or t.name in frame.shared_names:
+        return None
+    size = t.dtype.bits // 8
+    vec = VECTOR_BYTES // size
+    cols = axis_sizes(s)[st.col]
+    if cols % vec or not aligned(s.index, t.shape, st.col, vec):
+        return None
+    if s.mask is not None and depends_on(s.mask, st.col):
+        return None
+    pitch = cols + vec
+    need = -(-fl.rows // STRIP) * STRIP * pitch * size
+    return next((StagedStore(name, pitch, vec) for name, nbytes in fl.buffers if nbytes >= need), None)
 
 
 def _own_tiles(fl: FragmentLoop, body: tuple[TileStore, ...]) -> dict[str, int]:

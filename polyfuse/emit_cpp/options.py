@@ -118,6 +118,11 @@ class CodegenOptions:
     values per row (a reduction) loads the rows it reads once (each element at most once over the launch, proven
     by ISL) with the cache-streaming hint, evicted first from L1 and L2 (:mod:`~polyfuse.emit_cpp.streaming`);
     values are unchanged.
+    ``staged_stores``: a loop with a producer warpgroup writes each tile of rows that its epilogue stores to memory
+    (attention's ``out``) into the shared memory of its operand buffers, free once every computing warp is done
+    with them, and each warp then copies its rows out in 16-byte pieces: whole lines per instruction instead of
+    two-byte stores spread over eight rows (:func:`~polyfuse.emit_cpp.fragments.staged_store`); off: each element
+    stored from its register.  Values are unchanged.
     """
 
     fast_exp: bool = True
@@ -162,6 +167,7 @@ class CodegenOptions:
     stream_ahead: bool = True
     refill_tiles: bool = True
     streaming_loads: bool = True
+    staged_stores: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
