@@ -7,6 +7,7 @@ reciprocal once per row.  On a GPU, tests/test_onchip_rows.py runs these kernels
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import shutil
@@ -18,13 +19,14 @@ from hypothesis import strategies as st
 
 from polyfuse import ops
 from polyfuse.device import PRESETS
-from polyfuse.emit_cpp import CodegenOptions, Target, emit_planned, gpu_plan, onchip
+from polyfuse.emit_cpp import CUDA, CodegenOptions, Target, emit_planned, gpu_plan, onchip
 from polyfuse.emit_cpp.reciprocal import F32_MAX, SMALLEST_NORMAL, finite_bounds
 from polyfuse.errors import BackendUnavailable
 from polyfuse.ir import dtypes as dt
-from polyfuse.ir.expr import BinOp, Call, Const, Expr, Var
+from polyfuse.ir.expr import BinOp, Call, Const, Expr, Select, Var
 from polyfuse.ir.stmt import INPUT, Tensor
 from polyfuse.ops.schedules import default_schedule
+from polyfuse.pipeline import stages
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
 from polyfuse.tiling import to_tiles
@@ -175,6 +177,44 @@ def test_a_range_fact_bounds_the_non_zero_values():
     b = finite_bounds(_load(s), {}, {"s": ValueRange("s", 1.0, 4096.0, "a softmax denominator")})
     assert (b.flo, b.fhi, b.zero) == (1.0, 4096.0, True)
     assert SMALLEST_NORMAL <= 1.0 / b.fhi
+
+
+def test_a_masked_row_s_zero_keeps_the_non_zero_values_bounds():
+    # After a loop in warp fragments a ragged tile's rows past the edge read 0 (a masked load, or a select of 0):
+    # 0 is a special divisor (x·rcp_rz(0) = x/0), so the finite non-zero values keep the fact's bounds.
+    from polyfuse.transforms.ranges import ValueRange
+
+    s = Tensor("s", (Const(8, dt.i32),), dt.f32, INPUT)
+    fact = {"s": ValueRange("s", 1.0, 4096.0, "a softmax denominator")}
+    edge = BinOp("<", Var("i"), Const(5, dt.i32))
+    for e in (TileLoad(s, (Var("i"),), mask=edge, other=Const(0.0, dt.f32)),
+              Select(edge, _load(s), Const(0.0, dt.f32)), Select(edge, Const(0.0, dt.f32), _load(s))):
+        b = finite_bounds(e, {}, fact)
+        assert (b.lo, b.hi, b.flo, b.fhi, b.zero) == (0.0, 4096.0, 1.0, 4096.0, True), e
+    # another masked value is not known
+    other = TileLoad(s, (Var("i"),), mask=edge, other=Const(-1.0, dt.f32))
+    assert finite_bounds(other, {}, fact).flo == -F32_MAX
+
+
+@pytest.mark.parametrize("device", ["sm_90a", "sm_80"])
+@pytest.mark.parametrize(("name", "sizes"), [("attn_causal", {}), ("attn_global", {"Sq": 300, "Skv": 300})])
+def test_attention_s_last_quotient_is_multiplied_by_its_reciprocal(device, name, sizes):
+    # out = pv / row_sum after the loop in warp fragments: row_sum's fact ([1, Skv], or 0 in a ragged tile's rows
+    # past the edge) proves rcp_rz(row_sum) normal; each thread computes it once per row it holds.
+    op = ops.get(name)
+    sizes = {**op.presets["prefill"], **sizes}
+    for target, chosen in ((CUDA, True), (CUDA.with_options(reciprocal_rows=False), False)):
+        sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda",
+                               device=PRESETS[device])
+        st = stages(sch, dataclasses.replace(target, device=PRESETS[device]))
+        plan, epilogue = st.dump("plan"), st.source.text.split("// out\n")[-1]
+        if chosen:
+            assert "division out: x / d, d = load(row_sum" in plan and "as x · rcp_rz(d)" in plan, plan
+            assert re.search(r"const float (pf_rcp\d+) = pf::rcp_rz\(", epilogue)
+            assert " / pf_row" not in epilogue
+        else:
+            assert "divided per element (the options' reciprocal_rows is off)" in plan
+            assert "pf::rcp_rz" not in epilogue and " / pf_row" in epilogue
 
 
 # ------------------------------------------------------------------------------ the primitive on its own

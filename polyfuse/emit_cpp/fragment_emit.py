@@ -733,6 +733,7 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
     if target is None and fl.rows % STRIP:
         em.open(f"if (pf_m < {fl.rows})")  # (the padding rows' registers are copies of the last row)
     parts: list[Expr] = []
+    inverses: list[Expr] = []
     if st.col is not None:
         for x in st.row_parts[value_expr]:
             name = em.fresh("row")
@@ -740,6 +741,12 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
             if x not in em.overrides:
                 em.overrides[x] = name
                 parts.append(x)
+        for d in fl.divisions:  # (an epilogue's division by a value of the row, by its reciprocal)
+            if d.chosen and d.block == s.block and d.divisor not in em.inverses:
+                reg = em.fresh("rcp")
+                em.line(f"const float {reg} = pf::rcp_rz({em.scalar(d.divisor, env)});")
+                em.inverses[d.divisor] = reg
+                inverses.append(d.divisor)
         _cols(em, st.col, *((cols[1], cols[0]) if cols else (em.sizes[st.col],)))
     if target is not None:
         value = em.convert(em.scalar(value_expr, env), value_expr.dtype, dt.f32)
@@ -761,6 +768,8 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
     em.close()
     for x in parts:  # (their variables are out of scope now)
         del em.overrides[x]
+    for d in inverses:
+        del em.inverses[d]
 
 
 def _copy_out(em: CudaEmitter, fl: FragmentLoop, s: TileStore, st: FragmentStmt, plan: StagedStore,

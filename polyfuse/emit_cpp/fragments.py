@@ -276,6 +276,10 @@ class FragmentLoop:
     staged: Mapping[str, StagedStore] = dataclasses.field(default_factory=dict)
     """With a producer warpgroup: the epilogue statements written through shared memory, by block
     (:func:`staged_store`)."""
+    divisions: tuple[reciprocal.RowDivision, ...] = ()
+    """Each division of an epilogue statement by a value of its row (attention's ``pv / row_sum``): by its
+    reciprocal once per row where that is proven within the tolerance, else divided
+    (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`)."""
 
     @property
     def stages(self) -> int:
@@ -365,6 +369,7 @@ class FragmentLoop:
         if self.turns:
             lines.append(f"the {self.turns} computing warpgroups issue their products in turns (named barriers "
                          f"1..{self.turns})")
+        lines.extend(f"division {d.describe()}" for d in self.divisions)
         if self.epilogue:
             lines.append("after the loop, from registers: " + ", ".join(
                 e.block + (f" (through {p.buffer}'s shared memory, rows of {p.pitch}, then {p.vec} elements per "
@@ -807,9 +812,21 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
 
 
 def _with_staged_stores(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
-    """``fl`` with each epilogue statement that may go through shared memory planned so (:func:`staged_store`)."""
+    """``fl`` with each epilogue statement that may go through shared memory planned so (:func:`staged_store`),
+    and its divisions by a value of the row (:func:`_epilogue_divisions`)."""
     staged = {s.block: p for s in fl.epilogue if (p := staged_store(frame, fl, s)) is not None}
-    return dataclasses.replace(fl, staged=staged) if staged else fl
+    return dataclasses.replace(fl, staged=staged, divisions=_epilogue_divisions(frame, fl))
+
+
+def _epilogue_divisions(frame: Frame, fl: FragmentLoop) -> tuple[reciprocal.RowDivision, ...]:
+    """The divisions of ``fl``'s epilogue by a value of the row (attention's ``out = pv / row_sum``), each by its
+    reciprocal once per row where the divisor's finite non-zero values are proven normal-invertible
+    (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`: one IEEE division per output element, a dozen
+    instructions, becomes a multiply).  Where that is not proven the division stays: the rows of a warp's
+    fragment have no run-time test of their own."""
+    found = reciprocal.row_divisions(fl.epilogue, frame.ranges, frame.options.reciprocal_rows,
+                                     rows={s.block: fl.stmts[s.block].row for s in fl.epilogue})
+    return tuple(dataclasses.replace(d, chosen=False, guarded=False) if d.guarded else d for d in found)
 
 
 def staged_store(frame: Frame, fl: FragmentLoop, s: TileStore) -> StagedStore | None:

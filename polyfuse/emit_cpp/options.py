@@ -75,7 +75,8 @@ class CodegenOptions:
     proven to lie within ``[2^-126, 2^126]`` in magnitude, or, unproven, in each row where ``d`` passes that
     test at run time (the other rows divide) (:func:`~polyfuse.emit_cpp.reciprocal.row_divisions`: a relative
     ``2^-23 + 2^-24`` instead of ``2^-24``, in the tolerance notes; no overflow the division does not have);
-    off: an IEEE division per element.
+    the same for the statements after a loop in warp fragments (attention's ``out = pv / row_sum``), where proven
+    only; off: an IEEE division per element.
     ``producer_warp``: there, a warp of its own copies the loop's operand tiles into two stages whose completion
     and release mbarriers track (warp specialisation): the warps that compute never wait at a block barrier.
     ``tma``: there, on a device with bulk tensor copies (sm_90a), one thread of that warpgroup brings each tile

@@ -43,6 +43,12 @@ subnormal, and — ``|x·r| <= |x/d|`` and rounding is monotone — it overflows
 ±0, ±inf and NaN divisors give what the division gives (the special divisors above; ``rcp_rz`` of them is exact).
 The operators' tolerance notes carry the term.
 
+**Row divisors after a loop in warp fragments.**  The statements after such a loop (attention's
+``out = pv / row_sum``) divide each element of a tile of rows by a row vector of the loop's registers; where its
+finite non-zero values are proven as above (``row_divisions``' ``rows``: the divisor may vary along the row axis;
+a masked row's 0 is one of the special divisors) each thread computes ``rcp_rz`` once per row it holds.  Unproven,
+the division stays: a warp's rows have no run-time test of their own.
+
 **Constant divisors.**  A division by a constant ``c`` needs no proven range: :func:`reciprocal_constant` says
 where ``x · fl(1/c)`` may replace it (the options' ``reciprocal_constants``; the GPU printer applies it to any
 f32 division, the operators' tolerance notes carry the term).
@@ -242,11 +248,13 @@ class RowDivision:
         return f"{self.block}: x / d, d = {self.text}, divided per element ({self.reason})"
 
 
-def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange], enabled: bool
-                  ) -> tuple[RowDivision, ...]:
+def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange], enabled: bool,
+                  rows: Mapping[str, str] | None = None) -> tuple[RowDivision, ...]:
     """Every f32 division of the statements ``stores`` (a kernel whose rows stay on chip, in program order)
     that is evaluated per element of the row by a divisor that is one value per row and not a constant
-    (constants: :func:`reciprocal_constant`), with the choice for it (the module docstring)."""
+    (constants: :func:`reciprocal_constant`), with the choice for it (the module docstring).  ``rows``: the
+    statements are a tile of rows (the epilogue of a loop in warp fragments), each statement's row axis by
+    block, along which the divisor may vary (a row vector)."""
     out: list[RowDivision] = []
     writes: dict[tuple, Expr] = {}
     for s in stores:
@@ -255,7 +263,8 @@ def row_divisions(stores: Sequence[TileStore], ranges: Mapping[str, ValueRange],
             if not (isinstance(n, BinOp) and n.op == "/" and n.dtype == dt.f32 and axes_of(n)):
                 continue
             d = n.b.tile if isinstance(n.b, Broadcast) else n.b
-            if isinstance(d, Const) or axes_of(d) or d in seen:
+            row = {rows[s.block]} if rows is not None else set()
+            if isinstance(d, Const) or not set(axes_of(d)) <= row or d in seen:
                 continue
             seen.add(d)
             if not enabled:
@@ -314,6 +323,10 @@ class _Evaluator:
         if isinstance(e, Select):
             if isinstance(e.cond, Const):
                 return self.bounds(e.true_value if e.cond.value else e.false_value)
+            for x, other in ((e.true_value, e.false_value), (e.false_value, e.true_value)):
+                if isinstance(other, Const) and float(other.value) == 0.0:  # (a masked row's 0: x's values, or 0)
+                    b = self.bounds(x)
+                    return Bounds(min(b.lo, 0.0), max(b.hi, 0.0), b.flo, b.fhi, zero=True)
             return _hull(self.bounds(e.true_value).plain(), self.bounds(e.false_value).plain())
         if isinstance(e, Call) and len(e.args) == 1:
             return self.call(e.fn, self.bounds(e.args[0]).plain())
@@ -332,8 +345,11 @@ class _Evaluator:
         return UNKNOWN
 
     def load(self, e: TileLoad) -> Bounds:
-        if e.mask is not None:
-            return UNKNOWN
+        if e.mask is not None:  # (a masked-off element reads ``other``: where that is 0, the load's values or 0)
+            if e.other is not None and not (isinstance(e.other, Const) and float(e.other.value) == 0.0):
+                return UNKNOWN
+            b = self.load(dataclasses.replace(e, mask=None, other=None))
+            return Bounds(min(b.lo, 0.0), max(b.hi, 0.0), b.flo, b.fhi, zero=True)
         fact = self.ranges.get(e.tensor.name)
         if fact is not None:
             return Bounds(min(fact.lo, 0.0), max(fact.hi, 0.0), fact.lo, fact.hi, zero=True)

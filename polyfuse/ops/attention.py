@@ -295,7 +295,9 @@ def tolerance(name: str, variant: Variant, mode: str, sizes: Sizes) -> dict[str,
     # for s/c (relative 2^-23 + 2^-48 on tanh's argument, <= that times max_logit on the logit: tanh' <= 1)
     capped = (2 * (2 * u32 * variant.softcap + (2.0 ** -23 + 2.0 ** -48) * max_logit)
               if variant.softcap is not None else 0.0)
-    return {"out": (V_MAX * (f32_sums + f32_logits + gpu_exp + p_rounded + reciprocal + capped), u16)}
+    # the GPU's last quotient out = acc·rcp_rz(ℓ), rcp_rz(ℓ) once per row (emit_cpp/reciprocal.py): 2^-23 + 2^-24
+    quotient = (2.0 ** -23 + 2.0 ** -24) * (1 + u16)
+    return {"out": (V_MAX * (f32_sums + f32_logits + gpu_exp + p_rounded + reciprocal + capped + quotient), u16)}
 
 
 TOLERANCE_NOTE = (
@@ -320,7 +322,12 @@ TOLERANCE_NOTE = (
     "|δ| <= 2^-24, a relative 2^-23 + 2^-48 before the f16 rounding, which then scales it by at most 1 + 2^-11; "
     "the weights p_j/ℓ sum to at most 1, so out moves by at most that times max|v| (the default GPU schedules "
     "hoist the division out of the sum, hoist_divisors: out = fl(Σ p_j·v_j)/ℓ as attn_global's, covered by the terms "
-    "above, the quotient's one rounding within the f16 rtol); "
+    "above and the next); "
+    "+ (2^-23 + 2^-24)·(1 + 2^-11) for the GPU's last quotient out = acc/ℓ of a loop in warp fragments, computed as "
+    "acc·r with r = rcp_rz(ℓ), 1/ℓ rounded toward zero once per row (the reciprocal_rows code generation option, "
+    "taken only where ℓ's finite non-zero values are proven in [1, Skv]; ℓ = 0, inf or NaN give what the division "
+    "gives): r = (1/ℓ)(1+δ1) with |δ1| < 2^-23, fl(acc·r) = (acc/ℓ)(1+δ1)(1+δ2), |δ2| <= 2^-24, before the f16 "
+    "rounding, which then scales it by at most 1 + 2^-11; |acc/ℓ| <= max|v|; "
     "+ 2·(2·2^-24·c + (2^-23 + 2^-48)·max|s|) for soft-capping c·tanh(s/c) only: tanhf is off by at most 2 ulp "
     "of a value <= 1 (CUDA Math API), c·2·2^-24 on the logit, and the GPU computes s/c as s·fl(1/c) (the "
     "reciprocal_constants code generation option, c = 50 neither a power of two nor <= 1), a relative "
