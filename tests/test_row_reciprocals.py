@@ -134,7 +134,11 @@ def _extend(children):
     square = children.map(lambda c: BinOp("*", c, c))
     by_const = st.tuples(children, st.sampled_from([3.0, -7.0, 0.5, 8192.0])).map(
         lambda t: BinOp("/", t[0], Const(t[1], dt.f32)))
-    return st.one_of(unary, binary, square, by_const)
+    # a masked row's 0 (after a loop in warp fragments): the value or 0, either way round
+    zero, cond = Const(0.0, dt.f32), BinOp("<", _load(ANY), Const(0.0, dt.f32))
+    or_zero = st.tuples(children, st.booleans()).map(
+        lambda t: Select(cond, t[0], zero) if t[1] else Select(cond, zero, t[0]))
+    return st.one_of(unary, binary, square, by_const, or_zero)
 
 
 _exprs = st.recursive(_leaves, _extend, max_leaves=6)
@@ -148,6 +152,8 @@ def _eval(e: Expr, env: dict[str, np.float32]) -> np.float32:
             return np.float32(e.value)
         if isinstance(e, TileLoad):
             return env[e.tensor.name]
+        if isinstance(e, Select):
+            return _eval(e.true_value if _eval(e.cond.a, env) < _eval(e.cond.b, env) else e.false_value, env)
         if isinstance(e, Call):
             x = _eval(e.args[0], env)
             return {"sqrt": np.sqrt, "exp": np.exp, "neg": np.negative, "abs": np.abs}[e.fn](x)
@@ -166,7 +172,7 @@ def test_the_bounds_hold_for_every_f32_value(e, p, q):
     if math.isnan(v):
         return
     assert b.lo <= v <= b.hi
-    if math.isfinite(v):
+    if math.isfinite(v) and not (b.zero and v == 0):  # (zero: the finite non-zero values are bounded, or it is 0)
         assert b.flo <= v <= b.fhi
 
 
@@ -215,6 +221,20 @@ def test_attention_s_last_quotient_is_multiplied_by_its_reciprocal(device, name,
         else:
             assert "divided per element (the options' reciprocal_rows is off)" in plan
             assert "pf::rcp_rz" not in epilogue and " / pf_row" in epilogue
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("device", ["sm_90a", "sm_80"])
+def test_attention_s_reciprocal_quotient_compiles(device):
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc on PATH")
+    op = ops.get("attn_global")
+    sizes = {**op.presets["prefill"], "Sq": 300, "Skv": 300}
+    sch = default_schedule("attn_global", "prefill", op.program("prefill", **sizes), target="cuda",
+                           device=PRESETS[device])
+    text = stages(sch, dataclasses.replace(CUDA, device=PRESETS[device])).source.text
+    assert "pf::rcp_rz(" in text.split("// out\n")[-1]
+    compile_gpu(text, f"quotient_{device}", "cuda", device, options=CompileOptions(werror=True), compile_only=True)
 
 
 # ------------------------------------------------------------------------------ the primitive on its own
