@@ -803,17 +803,17 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
                                                 for block, st in result.stmts.items()})
     deferred = _deferred(frame, loop, body, result, budget, own)
     if deferred is None:
-        return _with_staged_stores(frame, result)
+        return _with_epilogue(frame, result)
     warpgroups_computing = shape.rows // WARPGROUP_ROWS
-    return _with_staged_stores(frame, dataclasses.replace(result, deferred=deferred,
+    return _with_epilogue(frame, dataclasses.replace(result, deferred=deferred,
                                buffers=tuple((name, nbytes // STAGES * DEFERRED_STAGES) for name, nbytes in buffers),
                                turns=warpgroups_computing if frame.options.warpgroup_turns and warpgroups_computing > 1
                                else 0))
 
 
-def _with_staged_stores(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
-    """``fl`` with each epilogue statement that may go through shared memory planned so (:func:`staged_store`),
-    and its divisions by a value of the row (:func:`_epilogue_divisions`)."""
+def _with_epilogue(frame: Frame, fl: FragmentLoop) -> FragmentLoop:
+    """``fl`` with its epilogue planned: each statement that may go through shared memory so
+    (:func:`staged_store`), and its divisions by a value of the row (:func:`_epilogue_divisions`)."""
     staged = {s.block: p for s in fl.epilogue if (p := staged_store(frame, fl, s)) is not None}
     return dataclasses.replace(fl, staged=staged, divisions=_epilogue_divisions(frame, fl))
 
