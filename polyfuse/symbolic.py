@@ -348,6 +348,15 @@ class _FromSympy:
 
     # -- arithmetic ---------------------------------------------------------
     def do_Add(self, s: sympy.Add) -> Expr | Number:
+        # sympy distributes a number over a sum (2·(a − b) is 2·a − 2·b); in floating point that is worse:
+        # 2·a − 2·b rounds at |2·a| and |2·b| where 2·(a − b) rounds at |a − b| — a repair's rescale
+        # exp(2·m_old − 2·m) of values near 1e4 would lose 1e-3 of its argument.  A common factor c >= 1 of
+        # a floating sum is taken out again (|a − b| <= |c·(a − b)|: nothing overflows that did not).
+        content, rest = s.primitive()
+        if content > 1 and isinstance(rest, sympy.Add):
+            inner = self.convert(rest)
+            if isinstance(inner, Expr) and inner.dtype.is_float:
+                return binop("*", self.number(content), inner)
         numbers = [a for a in s.args if a.is_number]
         terms = [a for a in s.as_ordered_terms() if not a.is_number]
         plus = [a for a in terms if not a.could_extract_minus_sign()]

@@ -134,6 +134,20 @@ def test_outer_symbol_multiplies_last() -> None:
     assert str(from_sympy(t + r, mapping, outer=t)) == str(from_sympy(t + r, mapping))  # not a product
 
 
+def test_a_common_factor_of_a_floating_sum_is_taken_out_again() -> None:
+    # sympy turns 2·(m − m') into 2·m − 2·m', which rounds at |2·m| instead of at |m − m'|: a repair's rescale
+    # exp(2·(m_old − m)) of values near 1e4 would lose 1e-3 of its argument.  A factor c >= 1 comes out again;
+    # one below 1 stays distributed (m − m' could overflow where m/2 − m'/2 does not); integers are left alone.
+    m, m2 = sympy.symbols("m m'", real=True)
+    old, new = Tensor("m0", (N,), f32), Tensor("m1", (N,), f32)
+    mapping = {m: old[i], m2: new[i]}
+    assert str(from_sympy(sympy.exp(2 * (m - m2)), mapping)) == "exp(2.0 * (m0[i] - m1[i]))"
+    assert str(from_sympy(sympy.Rational(3, 2) * (m - m2) + 3, mapping)) == "1.5 * (m0[i] - m1[i] + 2.0)"
+    assert str(from_sympy((m - m2) / 2, mapping)) == "m0[i] / 2.0 - m1[i] / 2.0"
+    s, table = to_sympy(i * 2 + j * 4)
+    assert "*" in str(from_sympy(s, table.mapping)) and "(" not in str(from_sympy(s, table.mapping))
+
+
 def test_back_conversion_casts_leaves_to_the_target_dtype() -> None:
     h = sympy.Symbol("h", real=True)
     e = from_sympy(2 * h, {h: H[i]}, f32)
