@@ -437,7 +437,7 @@ class _FromSympy:
         if exp_ == 1:
             return self.convert(base)
         if base == 2 and not exp_.is_number:
-            return call("exp2", self.floating(self.convert(exp_)))
+            return call("exp2", self.exponent(exp_))
         if exp_.is_Integer and (int(exp_) == 2 or (int(exp_) <= 4 and base.is_Symbol)):
             b = self.convert(base)
             out = b
@@ -473,7 +473,22 @@ class _FromSympy:
         return call(fn, self.floating(self.convert(s.args[0])))
 
     def do_exp(self, s: sympy.Basic) -> Expr:
-        return self.unary("exp", s)
+        return call("exp", self.exponent(s.args[0]))
+
+    def exponent(self, arg: sympy.Basic) -> Expr:
+        """An exponential's argument, with a common factor ``c`` below 1 of a difference taken out too (one of
+        ``c >= 1`` :meth:`do_Add` takes out anywhere): a repair's rescale ``exp(0.3·(m_old − m))`` printed as
+        ``exp(0.3·m_old − 0.3·m)`` rounds at ``|0.3·m|``.  ``c·(a − b)`` overflows only where ``a − b`` does, to
+        ±inf of the sign of ``c·a − c·b``, whose magnitude is then at least ``c·MAX >= 2^28`` (for
+        ``c >= 2^-100``), where the exponential is inf or 0 either way; a sum of two terms cannot make a NaN
+        that ``c·a − c·b`` does not."""
+        if isinstance(arg, sympy.Add):
+            content, rest = arg.primitive()
+            if sympy.Rational(1, 2 ** 100) <= content < 1 and isinstance(rest, sympy.Add) and len(rest.args) == 2:
+                inner = self.convert(rest)
+                if isinstance(inner, Expr) and inner.dtype.is_float:
+                    return binop("*", self.number(content), inner)
+        return self.floating(self.convert(arg))
 
     def do_log(self, s: sympy.Basic) -> Expr:
         return self.unary("log", s)

@@ -148,6 +148,20 @@ def test_a_common_factor_of_a_floating_sum_is_taken_out_again() -> None:
     assert "*" in str(from_sympy(s, table.mapping)) and "(" not in str(from_sympy(s, table.mapping))
 
 
+def test_an_exponential_takes_a_factor_below_one_out_of_a_difference() -> None:
+    # exp(0.3·m − 0.3·m') rounds at |0.3·m|; exp(0.3·(m − m')) at |m − m'|, and where m − m' overflows the
+    # exponential is inf or 0 either way (|0.3·(m − m')| >= 0.3·MAX).  Only a difference of two terms (three
+    # could make a NaN by two overflows of opposite signs), only inside exp / exp2.
+    m, m2, d = sympy.symbols("m m' d", real=True)
+    old, new, other = Tensor("m0", (N,), f32), Tensor("m1", (N,), f32), Tensor("d", (N,), f32)
+    mapping = {m: old[i], m2: new[i], d: other[i]}
+    tenth = sympy.Rational(3, 10)
+    assert str(from_sympy(sympy.exp(tenth * (m - m2)), mapping)) == "exp(0.30000001192092896 * (m0[i] - m1[i]))"
+    assert str(from_sympy(2 ** (tenth * (m - m2)), mapping)) == "exp2(0.30000001192092896 * (m0[i] - m1[i]))"
+    assert "(m0[i] - m1[i])" not in str(from_sympy(sympy.exp(tenth * (m - m2 + d)), mapping))
+    assert "(m0[i] - m1[i])" not in str(from_sympy(tenth * (m - m2), mapping))
+
+
 def test_back_conversion_casts_leaves_to_the_target_dtype() -> None:
     h = sympy.Symbol("h", real=True)
     e = from_sympy(2 * h, {h: H[i]}, f32)
