@@ -32,7 +32,7 @@ symbolic identities on random points.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import sympy
@@ -352,11 +352,9 @@ class _FromSympy:
         # 2·a − 2·b rounds at |2·a| and |2·b| where 2·(a − b) rounds at |a − b| — a repair's rescale
         # exp(2·m_old − 2·m) of values near 1e4 would lose 1e-3 of its argument.  A common factor c >= 1 of
         # a floating sum is taken out again (|a − b| <= |c·(a − b)|: nothing overflows that did not).
-        content, rest = s.primitive()
-        if content > 1 and isinstance(rest, sympy.Add):
-            inner = self.convert(rest)
-            if isinstance(inner, Expr) and inner.dtype.is_float:
-                return binop("*", self.number(content), inner)
+        factored = self.factored(s, lambda c, _rest: c > 1)
+        if factored is not None:
+            return factored
         numbers = [a for a in s.args if a.is_number]
         terms = [a for a in s.as_ordered_terms() if not a.is_number]
         plus = [a for a in terms if not a.could_extract_minus_sign()]
@@ -483,12 +481,19 @@ class _FromSympy:
         ``c >= 2^-100``), where the exponential is inf or 0 either way; a sum of two terms cannot make a NaN
         that ``c·a − c·b`` does not."""
         if isinstance(arg, sympy.Add):
-            content, rest = arg.primitive()
-            if sympy.Rational(1, 2 ** 100) <= content < 1 and isinstance(rest, sympy.Add) and len(rest.args) == 2:
-                inner = self.convert(rest)
-                if isinstance(inner, Expr) and inner.dtype.is_float:
-                    return binop("*", self.number(content), inner)
+            factored = self.factored(arg, lambda c, rest: sympy.Rational(1, 2 ** 100) <= c < 1 and len(rest.args) == 2)
+            if factored is not None:
+                return factored
         return self.floating(self.convert(arg))
+
+    def factored(self, s: sympy.Add, accept: Callable[[sympy.Rational, sympy.Add], bool]) -> Expr | None:
+        """``c·(s / c)`` with ``c`` the common positive rational factor of ``s``'s terms, where ``s / c`` is a
+        floating sum and ``accept(c, s / c)``; else None."""
+        content, rest = s.primitive()
+        if not (isinstance(rest, sympy.Add) and accept(content, rest)):
+            return None
+        inner = self.convert(rest)
+        return binop("*", self.number(content), inner) if isinstance(inner, Expr) and inner.dtype.is_float else None
 
     def do_log(self, s: sympy.Basic) -> Expr:
         return self.unary("log", s)
