@@ -328,9 +328,13 @@ class CFamilyEmitter:
         self.close()
         self.materialized = {}
 
+    def stored_value(self, s: TileStore, env: dict[str, str]) -> str:
+        """``s``'s value at the axis values bound in ``env``, converted to its tensor's type."""
+        return self.convert(self.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
+
     def assign(self, s: TileStore, env: dict[str, str]) -> None:
         """The element of ``s`` at the axis values bound in ``env``: ``target = value`` (masked, combined)."""
-        value = self.convert(self.scalar(s.value, env), s.value.dtype, s.tensor.dtype)
+        value = self.stored_value(s, env)
         target = self.access(s.tensor, s.index, env)
         if s.reducer is not None:
             old = self.from_storage(target, s.tensor.dtype)

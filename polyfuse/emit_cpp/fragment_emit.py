@@ -754,7 +754,7 @@ def _elements(em: CudaEmitter, fl: FragmentLoop, held: Mapping[str, Held], s: Ti
             value = f"({em.scalar(s.mask, env)}) ? {value} : {target.element}"
         em.line(f"{target.element} = {value};")
     elif (plan := fl.staged.get(s.block)) is not None:
-        value = em.to_storage(em.convert(em.scalar(value_expr, env), value_expr.dtype, s.tensor.dtype), s.tensor.dtype)
+        value = em.to_storage(em.stored_value(s, env), s.tensor.dtype)  # (an epilogue's value_expr is s.value)
         assert st.col is not None
         at = f"reinterpret_cast<{em.stype(s.tensor.dtype)}*>({plan.buffer})[pf_m * {plan.pitch} + {axis_var(st.col)}]"
         em.line(f"if ({em.scalar(s.mask, env)}) {at} = {value};" if s.mask is not None else f"{at} = {value};")

@@ -832,9 +832,9 @@ def _epilogue_divisions(frame: Frame, fl: FragmentLoop) -> tuple[reciprocal.RowD
 def staged_store(frame: Frame, fl: FragmentLoop, s: TileStore) -> StagedStore | None:
     """How epilogue statement ``s`` of ``fl`` writes its tile through shared memory, if it may (the options'
     ``staged_stores``).  From the registers, one store instruction of a warp writes two bytes in each of eight
-    rows: eight partial sectors, and the out tile of an attention block took longer to write than five key
-    tiles to compute.  Staged, each warp writes its 16 rows into shared memory, then copies them out 16 bytes
-    per lane, whole lines per instruction.
+    rows: eight partial sectors, issued at the end of every block where nothing else hides them.  Staged, each
+    warp writes its 16 rows into shared memory, then copies them out 16 bytes per lane, whole lines per
+    instruction.
 
     Planned where the loop has a producer warpgroup: once every computing warp has passed the barrier before the
     epilogue, each has waited for every copy the producer issued and for its own products, so no copy or product
