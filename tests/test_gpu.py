@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pytest
+from kernel_pairs import assert_same_bits_and_numpy
 
 from polyfuse import ops
 from polyfuse.emit_cpp import CodegenOptions
@@ -235,15 +236,7 @@ def test_bulk_tensor_copies_match_cp_async_bit_for_bit(loader, name, sizes):
     # and grouped heads, whose next head's rows lie right after the edge): the same bits on every input variant and
     # magnitude, and NumPy within the tolerance.
     op, sizes, bulk, threads = _bulk_and_threads(name, "prefill", loader, sizes)
-    tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in VARIANTS:
-            inputs = op.inputs(10, "prefill", sizes, magnitude, variant)
-            a, b = bulk.run(inputs), threads.run(inputs)
-            for out in a:
-                assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
-            result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
-            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+    assert_same_bits_and_numpy(op, "prefill", sizes, bulk, threads, seed=10)
 
 
 def test_bulk_tensor_copies_of_mla_decode_match_cp_async_bit_for_bit():

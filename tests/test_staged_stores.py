@@ -15,15 +15,14 @@ import dataclasses
 import re
 import shutil
 
-import numpy as np
 import pytest
+from kernel_pairs import assert_same_bits_and_numpy
 
 from polyfuse import ops
 from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CUDA, CodegenOptions, Target
 from polyfuse.errors import BackendUnavailable
 from polyfuse.ops.schedules import default_schedule
-from polyfuse.ops.variants import VARIANTS
 from polyfuse.pipeline import build, stages
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
@@ -128,12 +127,4 @@ def test_staged_stores_match_stores_from_registers_bit_for_bit(name, sizes):
         pytest.skip(f"the producer warpgroup needs sm_90a; the device is {staged.kernel_source.target.arch}")
     marker = "(the warp's rows are staged)"
     assert marker in staged.kernel_source.text and marker not in direct.kernel_source.text
-    tolerance = op.tolerance("prefill", sizes)
-    for magnitude in op.magnitudes:
-        for variant in VARIANTS:
-            inputs = op.inputs(12, "prefill", sizes, magnitude, variant)
-            a, b = staged.run(inputs), direct.run(inputs)
-            for out in a:
-                assert np.array_equal(np.asarray(a[out]), np.asarray(b[out]), equal_nan=True), (variant, magnitude)
-            result = ops.compare(a, op.reference(inputs, "prefill", sizes), tolerance)
-            assert result.ok, f"{variant} at {magnitude:g}: {result.line()} worst {result.worst}"
+    assert_same_bits_and_numpy(op, "prefill", sizes, staged, direct, seed=12)
