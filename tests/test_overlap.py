@@ -36,8 +36,9 @@ def _stages(name: str, target: Target = CUDA, device=HOPPER, rows: tuple = (), *
     op = ops.get(name)
     sizes = {**op.presets["prefill"], **sizes}
     # attn_norm_inside in its divide-inside form (the default GPU schedule hoists the division: attn_global's loop);
-    # 128 query rows, two computing warpgroups (the bench sizes of 64-wide heads take 192 by the wave rule: below)
-    tuning = GpuTuning(hoist_divisors=name != "attn_norm_inside", prefill_wgmma_rows=rows)
+    # 128 query rows, two computing warpgroups (the bench sizes of 64-wide heads take 192 by the wave rule: below;
+    # shorter sequences of them two blocks of 64 rows per SM: tests/test_paired_blocks.py)
+    tuning = GpuTuning(hoist_divisors=name != "attn_norm_inside", prefill_wgmma_rows=rows, prefill_pair_rows=None)
     sch = default_schedule(name, "prefill", op.program("prefill", **sizes), target="cuda", device=device,
                            tuning=tuning)
     return stages(sch, dataclasses.replace(target, device=device))

@@ -84,6 +84,10 @@ class Frame:
     """The device has bulk tensor copies (sm_90a), the options allow them and the products are warpgroup ones."""
     registers_per_sm: int = 65536
     """The device's register file (:class:`~polyfuse.device.DeviceSpec`)."""
+    blocks: int = 1
+    """Blocks of the kernel planned to reside on one SM at once: each thread may hold ``registers_per_sm //
+    (blocks · threads)`` registers (a kernel with a producer warpgroup trades them between its warps:
+    :func:`~polyfuse.emit_cpp.warpgroups.computing_registers`)."""
     ranges: Mapping[str, ValueRange] = dataclasses.field(default_factory=dict)
     """The range facts of the tile program's tensors by name (:attr:`~polyfuse.tiling.htile.TileProgram.ranges`)."""
     grid: Mapping[str, int] = dataclasses.field(default_factory=dict)
@@ -95,6 +99,11 @@ class Frame:
     @property
     def warps(self) -> int:
         return self.threads // self.warp
+
+    @property
+    def thread_registers(self) -> int:
+        """The registers each thread may hold where its block shares the SM with ``blocks - 1`` others."""
+        return self.registers_per_sm // (self.blocks * self.threads)
 
 
 def exact_low(x: Expr) -> DType | None:

@@ -794,7 +794,7 @@ def _plan(frame: Frame, loop: Loop, after: tuple[TileStore, ...], memory: frozen
         result = dataclasses.replace(result, barriers=fresh("bar"),
                                      computing_registers=warpgroups.computing_registers(frame, shape.rows))
         result = _bulk_copies(frame, result)
-    budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.registers_per_sm // frame.threads)
+    budget = min(warpgroups.THREAD_REGISTERS, result.computing_registers or frame.thread_registers)
     room = budget - result.tiles - REGISTER_OVERHEAD
     own = _own_tiles(result, body)
     result = dataclasses.replace(result, stmts={block: st if st.dot is None or st.accumulates else

@@ -338,10 +338,43 @@ def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) ->
         resident_blocks = 1
     asked = resident_blocks if min_blocks and 1 < resident_blocks <= min_blocks else None
     if any(lp.fragments is not None and lp.fragments.producer for lp in plan.loops.values()):
+        paired = _paired(nest, name, frame, device, plan)
+        if paired is not None:
+            return paired
         # warpgroups that trade registers (setmaxnreg): ptxas gives the computing code the registers they take
-        # only where the launch bounds name one block per SM
+        # where the launch bounds name the blocks per SM the trade was computed for
         resident_blocks, asked = 1, 1
     return dataclasses.replace(plan, min_blocks=asked, blocks_per_sm=resident_blocks, heavy_first=_heavy_first(nest))
+
+
+PAIRED_BLOCKS = 2
+"""Blocks per SM of a kernel with a producer warpgroup where two fit (:func:`_paired`)."""
+
+
+def _paired(nest: GridNest, name: str, frame: Frame, device: DeviceSpec, plan: KernelPlan) -> KernelPlan | None:
+    """``plan``'s kernel planned for two blocks per SM, where its loop has a producer warpgroup, two of its blocks
+    fit an SM (shared memory, threads) and each thread's tiles fit the registers two blocks leave it; else None.
+
+    One block of a producer warpgroup and its computing warpgroups waits, on its own SM, wherever its warps all
+    wait: on its first copies, on its epilogue's stores, on the softmax between its products.  Two blocks on one
+    SM fill each other's waits: each block's warps trade the half of the register file its launch took
+    (``Frame.blocks``: 232 registers for each computing thread of a 64-row tile beside its producer's 24), and the
+    loop's tiles (:attr:`~polyfuse.emit_cpp.fragments.FragmentLoop.tiles`, plus the overhead of addresses and
+    fragments) must fit what a computing thread gets, so that ptxas need not spill them."""
+    if frame.blocks != 1:
+        return None
+    pair = dataclasses.replace(frame, blocks=PAIRED_BLOCKS)
+    if device.resident_blocks(plan.peak, frame.threads) < PAIRED_BLOCKS:
+        return None
+    try:
+        paired = _plan_kernel(nest, name, pair, device)
+    except UnsupportedPattern:
+        return None
+    loops = [lp.fragments for lp in paired.loops.values() if lp.fragments is not None]
+    if (device.resident_blocks(paired.peak, frame.threads) < PAIRED_BLOCKS
+            or any(f.tiles + fragments.REGISTER_OVERHEAD > f.computing_registers for f in loops)):
+        return None
+    return dataclasses.replace(paired, min_blocks=PAIRED_BLOCKS, blocks_per_sm=PAIRED_BLOCKS)
 
 
 def _refuse_oversized(plan: KernelPlan, device: DeviceSpec) -> KernelPlan:

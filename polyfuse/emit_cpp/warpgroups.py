@@ -57,9 +57,10 @@ def folded(dot: DotPlan, room: int) -> DotPlan:
 
 def computing_registers(frame: Frame, rows: int) -> int:
     """The registers per thread of a loop's computing warps beside a producer warpgroup: a sub-partition holds
-    one producer warp (``PRODUCER_REGISTERS``) and ``rows / 64`` computing ones (at most 256, in steps of 8)."""
+    one producer warp (``PRODUCER_REGISTERS``) and ``rows / 64`` computing ones (at most 256, in steps of 8) of
+    each of the ``frame.blocks`` blocks on the SM: a block's warps trade within the registers its launch took."""
     per = -(-rows // M16N8.rows) // PRODUCER_WARPS
-    lanes = frame.registers_per_sm // SUBPARTITIONS // 32
+    lanes = frame.registers_per_sm // SUBPARTITIONS // 32 // frame.blocks
     return min(256, (lanes - PRODUCER_REGISTERS) // per // 8 * 8)
 
 

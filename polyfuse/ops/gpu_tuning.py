@@ -52,6 +52,18 @@ class GpuTuning:
     process, benchmarks/results/2026-11-29_H200_9c3f45d_values): 192 rows against 128 take 16.7–18% less time
     per wave-row at S = 3072, 4096 and 8192 (1.20×, 1.08×, 1.086× faster in all); at 1024 and 2048 (one and two
     waves of either tile) the rule keeps 128."""
+    prefill_pair_rows: int | None = 64
+    """Query rows per block of fused prefill attention where two blocks share each SM, on devices with warpgroup
+    products: one computing warpgroup beside its producer, whose waits (first copies, softmax, epilogue) the other
+    block fills.  Taken where the code generator plans two such blocks per SM (their shared memory and registers
+    fit: the 64-wide heads, not the 128-wide ones with 128-key tiles) and the wave rule of ``prefill_pair_gain``
+    prefers them to the wider tile chosen otherwise; None: never."""
+    prefill_pair_gain: int = 4
+    """Percent by which two blocks of ``prefill_pair_rows`` per SM compute a row faster than the tile the other
+    rules chose, where both fill the same waves.  Measured on the H200 (attn_global, 16 heads, d64, same process,
+    benchmarks/results/2026-11-29_H200_c1ead2f_paired): against one block of 128 rows per SM, 1.05× faster at
+    S = 1024, 1.12× at 2048 (norm_inside 1.11×), 0.99× at 4096, where the 192-row tile is 1.08× faster than
+    128; a gain of 4 takes the pair at 1024 and 2048 and the 192 rows from 4096 on."""
     prefill_min_rows: int = 32
     """Fewest query rows per block of prefill attention on tensor-core GPUs where the sequence is short (a ragged
     last tile is masked): a loop in warp fragments needs two warps of 16 rows (the code generator's
@@ -187,7 +199,7 @@ class GpuTuning:
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
             value, default = getattr(self, f.name), f.default
-            if value is None and f.name == "warps":
+            if value is None and f.name in ("warps", "prefill_pair_rows"):
                 continue
             if type(default) is bool:
                 if type(value) is not bool:

@@ -738,6 +738,10 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
     if tuning.warps is not None:
         _ask_warps(sch, tuning.warps)
     sch.compact_buffers()
+    if plan is _attention_prefill and device.wgmma:
+        paired = _paired_prefill(program, plan, device, tuning, backend, options)
+        if paired is not None:
+            return paired
     if plan is _attention_prefill and device.wgmma and tuning.prefill_wgmma_rows:
         narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
         if _prefill_tile(Schedule(program), device, tuning) == _prefill_tile(Schedule(program), device, narrower):
@@ -749,6 +753,44 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
             # (benchmarks/results/2026-11-28_H200_77ade3a_rows192).
             return narrow
     return sch
+
+
+def _paired_prefill(program: Program, plan: _Plan, device: DeviceSpec, tuning: GpuTuning, backend: str,
+                    options: CodegenOptions | None) -> Schedule | None:
+    """Prefill attention in tiles of ``tuning.prefill_pair_rows`` query rows, two blocks per SM, where the code
+    generator plans two such blocks per SM (:func:`~polyfuse.emit_cpp.plan.gpu_plan`) and their waves undercut the
+    wider tile :func:`_prefill_tile` chose: ``ceil(blocks / (2 · SMs))`` waves of two tiles per SM, less
+    ``prefill_pair_gain`` percent, against that tile's waves of one (less ``prefill_wgmma_rows_gain`` where it is
+    the widest); else None."""
+    pair = tuning.prefill_pair_rows
+    if pair is None:
+        return None
+    paired = dataclasses.replace(tuning, prefill_tile=(pair, tuning.prefill_tile[1]), prefill_wgmma_rows=(),
+                                 prefill_pair_rows=None)
+    sch = Schedule(program)
+    rows = _prefill_tile(sch, device, tuning)[0]
+    if rows <= pair or _prefill_tile(sch, device, paired)[0] != pair:
+        return None
+    b, h, i, _, _ = sch.get_loops("qk")
+    batch, heads, extent = (_extent(sch, lp) for lp in (b, h, i))
+    if heads is None or extent is None:
+        return None
+    units = (1 if batch is None else batch) * heads
+    gain = tuning.prefill_wgmma_rows_gain if rows > tuning.prefill_tile[0] else 0
+
+    def cost(r: int, per_sm: int, percent: int) -> int:
+        return -(-units * -(-extent // r) // (device.sms * per_sm)) * r * per_sm * (100 - percent)
+
+    if cost(pair, 2, tuning.prefill_pair_gain) >= cost(rows, 1, gain):
+        return None
+    candidate = _gpu_schedule(program, plan, device, paired, backend, options)
+    _, planned = gpu_plan(skip_masked_tiles(to_tiles(candidate.program)),
+                          Target(backend, device, options or CodegenOptions()))
+    producers = [k for k in planned.kernels if any(lp.fragments is not None and lp.fragments.producer
+                                                   for lp in k.loops.values())]
+    if not producers or any(k.blocks_per_sm < 2 for k in producers):
+        return None
+    return candidate
 
 
 def _late_products(sch: Schedule, backend: str, device: DeviceSpec, options: CodegenOptions | None) -> int:
