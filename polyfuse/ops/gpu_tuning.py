@@ -61,7 +61,7 @@ class GpuTuning:
     prefill_pair_gain: int = 4
     """Percent by which two blocks of ``prefill_pair_rows`` per SM compute a row faster than the tile the other
     rules chose, where both fill the same waves.  Measured on the H200 (attn_global, 16 heads, d64, same process,
-    benchmarks/results/2026-11-29_H200_c1ead2f_paired): against one block of 128 rows per SM, 1.05× faster at
+    benchmarks/results/2026-11-29_H200_06ae72e_paired): against one block of 128 rows per SM, 1.05× faster at
     S = 1024, 1.12× at 2048 (norm_inside 1.11×), 0.99× at 4096, where the 192-row tile is 1.08× faster than
     128; a gain of 4 takes the pair at 1024 and 2048 and the 192 rows from 4096 on."""
     prefill_min_rows: int = 32
