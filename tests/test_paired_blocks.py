@@ -130,3 +130,18 @@ def test_paired_blocks_match_one_block_per_sm_bit_for_bit(name, sizes):
     assert "__launch_bounds__(256, 2)" in paired.kernel_source.text
     assert "__launch_bounds__(256, 2)" not in alone.kernel_source.text
     assert_same_bits_and_numpy(op, "prefill", sizes, paired, alone, seed=15)
+
+
+def test_the_pair_keeps_the_late_product_of_the_tile_it_replaces():
+    # The divide-inside form, unhoisted, keeps its late P·V in 64-row blocks two per SM (232 registers per
+    # computing thread), so the pair replaces its 128-row tile; a pair that lost it would be refused, as the
+    # 192-row tile is (tests/test_tiling_pad.py).
+    from polyfuse.ops.schedules import _late_products
+    from polyfuse.tiling import to_tiles
+
+    op = ops.get("attn_norm_inside")
+    sizes = {**op.presets["prefill"], "Sq": 3072, "Skv": 3072}
+    sch = default_schedule("attn_norm_inside", "prefill", op.program("prefill", **sizes), target="cuda",
+                           device=HOPPER, tuning=GpuTuning(hoist_divisors=False))
+    assert next(t for t in to_tiles(sch.program).tensors if t.name == "score").shape[2].value == 64
+    assert _late_products(sch, "cuda", HOPPER, None) == 1

@@ -112,10 +112,10 @@ def test_tiles_that_divide_the_rows_are_left_alone():
 
 @pytest.mark.parametrize(("sizes", "rows"), [
     ({"Sq": 4096, "Skv": 4096}, 192),    # 352 blocks of 192 rows: 3 waves × 192 less 16% against 4 × 128
-    ({"Sq": 2048, "Skv": 2048}, 128),    # 2 waves × 192 less 16% > 2 × 128
-    ({"Sq": 3072, "Skv": 3072}, 192),    # 2 waves × 192 against 3 × 128
+    ({"Sq": 2048, "Skv": 2048}, 64),     # 2 waves × 192 less 16% > 2 × 128 > 2 waves of two 64-row blocks less 4%
+    ({"Sq": 3072, "Skv": 3072}, 192),    # 2 waves × 192 against 3 × 128 (and 3 waves of two 64-row blocks)
     ({"Sq": 16384, "Skv": 16384}, 192),  # 11 × 192 less 16% against 16 × 128
-    ({"Sq": 300, "Skv": 300}, 128),      # fewer than two tiles of 192
+    ({"Sq": 300, "Skv": 300}, 64),       # fewer than two tiles of 192; one wave of 64-row blocks, two per SM
     ({"Sq": 3072, "Skv": 3072, "D": 128, "Dv": 128}, 128),  # a 128-wide value head: two warpgroups only
 ])
 def test_wide_query_tiles_are_taken_by_the_wave_rule(sizes, rows):
@@ -127,10 +127,11 @@ def test_wide_query_tiles_are_taken_by_the_wave_rule(sizes, rows):
                                device=PRESETS["sm_90a"]).program
     score = next(t for t in to_tiles(program).tensors if t.name == "score")
     assert score.shape[2].value == rows
-    # Without the wide tiles, or on a device without warpgroup products, 128 rows.
+    # Without the wide tiles and the paired ones, or on a device without warpgroup products, 128 rows.
     narrow = default_schedule("attn_global", "prefill", op.program("prefill", **sizes), target="cuda",
-                              device=PRESETS["sm_90a"], tuning=GpuTuning(prefill_wgmma_rows=())).program
-    assert next(t for t in to_tiles(narrow).tensors if t.name == "score").shape[2].value == min(128, rows)
+                              device=PRESETS["sm_90a"],
+                              tuning=GpuTuning(prefill_wgmma_rows=(), prefill_pair_rows=None)).program
+    assert next(t for t in to_tiles(narrow).tensors if t.name == "score").shape[2].value == 128
 
 
 def test_a_batch_that_is_a_size_parameter_counts_as_one():
@@ -138,7 +139,7 @@ def test_a_batch_that_is_a_size_parameter_counts_as_one():
     from polyfuse.device import PRESETS
 
     op = ops.get("attn_global")
-    for s, rows in ((4096, 192), (2048, 128)):
+    for s, rows in ((4096, 192), (2048, 64)):
         sizes = {**op.presets["prefill"], "Sq": s, "Skv": s}
         program = default_schedule("attn_global", "prefill", op.generic_program("prefill", "cuda", **sizes),
                                    target="cuda", device=PRESETS["sm_90a"]).program
@@ -153,5 +154,6 @@ def test_the_wider_tile_is_refused_where_it_would_lose_the_late_product():
     op = ops.get("attn_norm_inside")
     sizes = {**op.presets["prefill"], "Sq": 3072, "Skv": 3072}
     program = default_schedule("attn_norm_inside", "prefill", op.program("prefill", **sizes), target="cuda",
-                               device=PRESETS["sm_90a"], tuning=GpuTuning(hoist_divisors=False)).program
+                               device=PRESETS["sm_90a"],
+                               tuning=GpuTuning(hoist_divisors=False, prefill_pair_rows=None)).program
     assert next(t for t in to_tiles(program).tensors if t.name == "score").shape[2].value == 128

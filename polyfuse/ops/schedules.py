@@ -740,7 +740,8 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
     sch.compact_buffers()
     if plan is _attention_prefill and device.wgmma:
         paired = _paired_prefill(program, plan, device, tuning, backend, options)
-        if paired is not None:
+        if paired is not None and _late_products(paired, backend, device, options) >= _late_products(
+                sch, backend, device, options):
             return paired
     if plan is _attention_prefill and device.wgmma and tuning.prefill_wgmma_rows:
         narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
@@ -761,7 +762,8 @@ def _paired_prefill(program: Program, plan: _Plan, device: DeviceSpec, tuning: G
     generator plans two such blocks per SM (:func:`~polyfuse.emit_cpp.plan.gpu_plan`) and their waves undercut the
     wider tile :func:`_prefill_tile` chose: ``ceil(blocks / (2 · SMs))`` waves of two tiles per SM, less
     ``prefill_pair_gain`` percent, against that tile's waves of one (less ``prefill_wgmma_rows_gain`` where it is
-    the widest); else None."""
+    the widest); else None.  (The caller also refuses a pair that issues fewer products one iteration late than the
+    tile it would replace, as it refuses the wider tile.)"""
     pair = tuning.prefill_pair_rows
     if pair is None:
         return None
