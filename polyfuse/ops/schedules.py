@@ -38,6 +38,7 @@ from polyfuse.emit_cpp import Target, gpu_plan
 from polyfuse.emit_cpp.dotplan import WARP_TILE_COLUMNS
 from polyfuse.emit_cpp.onchip import RowsOnChip
 from polyfuse.emit_cpp.options import CodegenOptions
+from polyfuse.emit_cpp.plan import PAIRED_BLOCKS, ProgramPlan
 from polyfuse.errors import IllegalTransform, PolyfuseError, UnsupportedPattern
 from polyfuse.ir.stmt import Loop, Program, Seq, Stmt, Tensor
 from polyfuse.ir.visit import loads
@@ -740,9 +741,8 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
     sch.compact_buffers()
     if plan is _attention_prefill and device.wgmma:
         paired = _paired_prefill(program, plan, device, tuning, backend, options)
-        if paired is not None and _late_products(paired, backend, device, options) >= _late_products(
-                sch, backend, device, options):
-            return paired
+        if paired is not None and _late_count(paired[1]) >= _late_products(sch, backend, device, options):
+            return paired[0]
     if plan is _attention_prefill and device.wgmma and tuning.prefill_wgmma_rows:
         narrower = dataclasses.replace(tuning, prefill_wgmma_rows=())
         if _prefill_tile(Schedule(program), device, tuning) == _prefill_tile(Schedule(program), device, narrower):
@@ -757,13 +757,13 @@ def _gpu_schedule(program: Program, plan: _Plan, device: DeviceSpec, tuning: Gpu
 
 
 def _paired_prefill(program: Program, plan: _Plan, device: DeviceSpec, tuning: GpuTuning, backend: str,
-                    options: CodegenOptions | None) -> Schedule | None:
+                    options: CodegenOptions | None) -> tuple[Schedule, ProgramPlan] | None:
     """Prefill attention in tiles of ``tuning.prefill_pair_rows`` query rows, two blocks per SM, where the code
     generator plans two such blocks per SM (:func:`~polyfuse.emit_cpp.plan.gpu_plan`) and their waves undercut the
     wider tile :func:`_prefill_tile` chose: ``ceil(blocks / (2 · SMs))`` waves of two tiles per SM, less
     ``prefill_pair_gain`` percent, against that tile's waves of one (less ``prefill_wgmma_rows_gain`` where it is
-    the widest); else None.  (The caller also refuses a pair that issues fewer products one iteration late than the
-    tile it would replace, as it refuses the wider tile.)"""
+    the widest); with its kernel plan, else None.  (The caller also refuses a pair that issues fewer products one
+    iteration late than the tile it would replace, as it refuses the wider tile.)"""
     pair = tuning.prefill_pair_rows
     if pair is None:
         return None
@@ -783,22 +783,29 @@ def _paired_prefill(program: Program, plan: _Plan, device: DeviceSpec, tuning: G
     def cost(r: int, per_sm: int, percent: int) -> int:
         return -(-units * -(-extent // r) // (device.sms * per_sm)) * r * per_sm * (100 - percent)
 
-    if cost(pair, 2, tuning.prefill_pair_gain) >= cost(rows, 1, gain):
+    if cost(pair, PAIRED_BLOCKS, tuning.prefill_pair_gain) >= cost(rows, 1, gain):
         return None
     candidate = _gpu_schedule(program, plan, device, paired, backend, options)
-    _, planned = gpu_plan(skip_masked_tiles(to_tiles(candidate.program)),
-                          Target(backend, device, options or CodegenOptions()))
+    planned = _planned(candidate, backend, device, options)
     producers = [k for k in planned.kernels if any(lp.fragments is not None and lp.fragments.producer
                                                    for lp in k.loops.values())]
-    if not producers or any(k.blocks_per_sm < 2 for k in producers):
+    if not producers or any(k.blocks_per_sm < PAIRED_BLOCKS for k in producers):
         return None
-    return candidate
+    return candidate, planned
+
+
+def _planned(sch: Schedule, backend: str, device: DeviceSpec, options: CodegenOptions | None) -> ProgramPlan:
+    """The code generator's plan of ``sch``'s kernels (not printed)."""
+    return gpu_plan(skip_masked_tiles(to_tiles(sch.program)), Target(backend, device, options or CodegenOptions()))[1]
 
 
 def _late_products(sch: Schedule, backend: str, device: DeviceSpec, options: CodegenOptions | None) -> int:
     """How many fragment loops of ``sch``'s kernels issue a product one iteration late (planned, not printed)."""
-    _, planned = gpu_plan(skip_masked_tiles(to_tiles(sch.program)),
-                          Target(backend, device, options or CodegenOptions()))
+    return _late_count(_planned(sch, backend, device, options))
+
+
+def _late_count(planned: ProgramPlan) -> int:
+    """How many fragment loops of ``planned``'s kernels issue a product one iteration late."""
     return sum(lp.fragments is not None and lp.fragments.deferred is not None
                for k in planned.kernels for lp in k.loops.values())
 
