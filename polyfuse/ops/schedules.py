@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 from polyfuse.device import DeviceSpec, for_backend
@@ -624,20 +625,27 @@ def _prefill_rows(sch: Schedule, device: DeviceSpec, tuning: GpuTuning, rows: in
     rows, less ``tuning.prefill_wgmma_rows_gain``, undercut ``rows``'s (see there); else ``rows``.  A batch
     that is a size parameter (one kernel for every batch) counts as 1: the fewest blocks, where the waves of
     the two tiles differ most (a larger batch runs more waves, which the per-row gain decides)."""
-    b, h, i, _, _ = sch.get_loops("qk")
-    batch, heads, extent = (_extent(sch, lp) for lp in (b, h, i))
     dv = _extent(sch, sch.get_loops("pv")[3])
-    batch = 1 if batch is None else batch
-    if dv is None or heads is None or extent is None:
+    extent = _extent(sch, sch.get_loops("qk")[2])
+    if dv is None or _wave_rows(sch, device, rows) is None:
         return rows
     wide = next((r for widest, r in tuning.prefill_wgmma_rows if dv <= widest), None)
     if wide is None or extent < 2 * wide:
         return rows
-
-    def cost(r: int) -> int:
-        return -(-batch * heads * -(-extent // r) // device.sms) * r
-
+    cost = functools.partial(_wave_rows, sch, device)
     return wide if cost(wide) * 100 < cost(rows) * (100 + tuning.prefill_wgmma_rows_gain) else rows
+
+
+def _wave_rows(sch: Schedule, device: DeviceSpec, rows: int, per_sm: int = 1) -> int | None:
+    """The cost the prefill tile rules compare: the waves of blocks of ``rows`` query rows, ``per_sm`` of them on
+    each of the device's SMs at once, times the rows an SM computes in a wave; None where the heads or the
+    queries are size parameters.  A batch that is a size parameter counts as 1."""
+    b, h, i, _, _ = sch.get_loops("qk")
+    batch, heads, extent = (_extent(sch, lp) for lp in (b, h, i))
+    if heads is None or extent is None:
+        return None
+    blocks = (1 if batch is None else batch) * heads * -(-extent // rows)
+    return -(-blocks // (device.sms * per_sm)) * rows * per_sm
 
 
 def _ask_warps(sch: Schedule, warps: int) -> None:
@@ -773,17 +781,11 @@ def _paired_prefill(program: Program, plan: _Plan, device: DeviceSpec, tuning: G
     rows = _prefill_tile(sch, device, tuning)[0]
     if rows <= pair or _prefill_tile(sch, device, paired)[0] != pair:
         return None
-    b, h, i, _, _ = sch.get_loops("qk")
-    batch, heads, extent = (_extent(sch, lp) for lp in (b, h, i))
-    if heads is None or extent is None:
+    pairs, alone = _wave_rows(sch, device, pair, PAIRED_BLOCKS), _wave_rows(sch, device, rows)
+    if pairs is None or alone is None:
         return None
-    units = (1 if batch is None else batch) * heads
     gain = tuning.prefill_wgmma_rows_gain if rows > tuning.prefill_tile[0] else 0
-
-    def cost(r: int, per_sm: int, percent: int) -> int:
-        return -(-units * -(-extent // r) // (device.sms * per_sm)) * r * per_sm * (100 - percent)
-
-    if cost(pair, PAIRED_BLOCKS, tuning.prefill_pair_gain) >= cost(rows, 1, gain):
+    if pairs * (100 - tuning.prefill_pair_gain) >= alone * (100 - gain):
         return None
     candidate = _gpu_schedule(program, plan, device, paired, backend, options)
     planned = _planned(candidate, backend, device, options)
