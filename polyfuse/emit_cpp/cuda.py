@@ -34,7 +34,7 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-from polyfuse.emit_cpp import fold, fragment_emit, onchip, presplit, registers, resident, rows, stream, tma
+from polyfuse.emit_cpp import fold, fragment_emit, onchip, presplit, registers, resident, rows, stagger, stream, tma
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -223,6 +223,8 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.stmt(s.body)
             self.refills = outer_refills
             self.close()
+        elif lp.stagger is not None:
+            self.staggered_loop(s, lp.stagger)
         else:
             super().loop(s)
         if lp.streams is not None:
@@ -236,6 +238,23 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             registers.store(self, lp.accumulators[block])
         if lp.stored:
             self.barrier()
+
+    def staggered_loop(self, s: Loop, st: stagger.Stagger) -> None:
+        """``s`` with each block starting at a step of its own (:mod:`~polyfuse.emit_cpp.stagger`): a counter runs
+        the iterations in order, the loop's variable is the step the counter stands for, and the folds'
+        first-iteration tests read the counter."""
+        t, n = self.widths.loop, self.scalar(s.extent, {})
+        self.open(f"for ({t} {st.counter} = 0; {st.counter} < {n}; ++{st.counter})")
+        self.line(f"const {t} {st.var} = ({st.counter} + static_cast<{t}>(blockIdx.x % {n})) % {n};  "
+                  f"// this block's step")
+        outer = {e: self.overrides[e] for e in st.first if e in self.overrides}
+        self.overrides.update({e: f"({st.counter} == 0)" for e in st.first})
+        self.allocate(s)
+        self.stmt(s.body)
+        for e in st.first:
+            del self.overrides[e]
+        self.overrides.update(outer)
+        self.close()
 
     def access(self, tensor, index, env: dict[str, str]) -> str:
         """An access; to the shared copy where the loop being emitted keeps the tensor
@@ -435,11 +454,13 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
                 self.line(f"const {self.ctype(x.dtype)} {name} = {self.scalar(x, env)};")
                 self.overrides[x] = name
 
+        outer = {x: self.overrides[x] for x in plan.row_values if x in self.overrides}
         try:
             emit_dot_into(self, plan.dot, e, write, per_row)
         finally:
             for x in plan.row_values:
                 self.overrides.pop(x, None)
+            self.overrides.update(outer)
 
     def materialize(self, e: Expr) -> None:
         axes = axes_of(e)

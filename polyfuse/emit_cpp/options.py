@@ -124,6 +124,10 @@ class CodegenOptions:
     with them, and each warp then copies its rows out in 16-byte pieces: whole lines per instruction instead of
     two-byte stores spread over eight rows (:func:`~polyfuse.emit_cpp.fragments.staged_store`); off: each element
     stored from its register.  Values are unchanged.
+    ``stagger_loops``: a block's loop that folds its steps commutatively over tiles every block reads at the same
+    step (a weight) starts each block at a step of its own, so that the blocks do not all ask the L2 for the same
+    lines at once (:mod:`~polyfuse.emit_cpp.stagger`); max and min folds are unchanged, sums are rounded in
+    another order within the same bound.
     """
 
     fast_exp: bool = True
@@ -169,6 +173,7 @@ class CodegenOptions:
     refill_tiles: bool = True
     streaming_loads: bool = True
     staged_stores: bool = True
+    stagger_loops: bool = True
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fold as fold_
-from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stream, streaming
+from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stagger, stream, streaming
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
     walk_unmaterialized, worth_hoisting,
@@ -110,6 +110,8 @@ class LoopPlan:
     """Byte offset of each of the loop's shared buffers (resident copies, kept tiles, staging), by name."""
     fragments: fragments.FragmentLoop | None = None
     """The loop runs in warp fragments (then its statements have no plans of their own)."""
+    stagger: stagger.Stagger | None = None
+    """Each block starts the loop at a step of its own (:mod:`~polyfuse.emit_cpp.stagger`)."""
 
 
 @dataclass(frozen=True)
@@ -580,7 +582,10 @@ class _Planner:
         self.accumulators = outer
         used = {p.block for p in list(self.stmts.values())[first:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
-        self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets)
+        staggered = (stagger.plan(s, frozenset(lp.var.name for lp in self.nest.chain), frame.options)
+                     if streams is None or not streams.kept else None)
+        self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets,
+                                     stagger=staggered)
 
     def fragment_loop(self, frame: Frame, s: Loop, after: tuple[TileStore, ...]) -> None:
         """A loop in warp fragments with its epilogue ``after``: its kept tiles and its products' staging
@@ -878,6 +883,8 @@ def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> Non
                 if st.dot is not None:
                     lines += [f"{indent}    dot: {t}" for t in st.dot.describe().splitlines()]
             return
+        if lp.stagger is not None:
+            lines.append(f"{indent}  {lp.stagger.describe()}")
         for block in lp.stored:
             lines.append(f"{indent}  registers: {lp.accumulators[block].describe()}")
         for r in lp.resident:
