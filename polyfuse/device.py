@@ -46,6 +46,8 @@ class DeviceSpec:
     mfma: bool = False
     default_warps: int = 8
     """Warps of a block kernel unless a schedule (``warps`` annotation) or the options say otherwise."""
+    l2_bytes: int = 0
+    """The L2 cache (per die where a device has several L2s); 0: unknown."""
     source: str = "preset"
 
     def blocks_per_sm(self, shared_bytes: int) -> int:
@@ -66,6 +68,7 @@ class DeviceSpec:
         return (f"{self.arch} ({self.vendor}, {self.source}): {self.sms} SMs, warp {self.warp_size}, "
                 f"shared {self.shared_per_block} B per block / {self.shared_per_sm} B per SM "
                 f"(+{self.shared_reserved} B reserved per block), {self.registers_per_sm} registers per SM, "
+                + (f"{self.l2_bytes // 2**20} MB of L2, " if self.l2_bytes else "") +
                 f"{self.default_warps} warps per block by default; "
                 f"{', '.join(_SHOWN[f] for f in self.features) or 'no tensor-core or async-copy instructions'}")
 
@@ -79,16 +82,18 @@ _AMD = dict(vendor="amd", warp_size=64, shared_reserved=0, registers_per_sm=1310
 
 PRESETS: dict[str, DeviceSpec] = {
     # A100 (SXM): 108 SMs, 164 KB of shared memory per SM, 163 KB per block.
-    "sm_80": DeviceSpec("sm_80", sms=108, shared_per_sm=167936, shared_per_block=166912, **_NVIDIA),
-    # L40 / RTX 4090 class: 100 KB per SM, 99 KB per block.
-    "sm_89": DeviceSpec("sm_89", sms=142, shared_per_sm=102400, shared_per_block=101376, **_NVIDIA),
-    # H100 / H200 (SXM): 132 SMs, 228 KB per SM, 227 KB per block; TMA and wgmma (sm_90a).
-    "sm_90a": DeviceSpec("sm_90a", sms=132, shared_per_sm=233472, shared_per_block=232448, tma=True, wgmma=True,
-                         **_NVIDIA),
-    # MI210 / one MI250X die: 104 CUs, 64 KB of LDS per CU and per workgroup, wavefronts of 64.
-    "gfx90a": DeviceSpec("gfx90a", sms=104, shared_per_sm=65536, shared_per_block=65536, **_AMD),
-    # MI300X: 304 CUs.
-    "gfx942": DeviceSpec("gfx942", sms=304, shared_per_sm=65536, shared_per_block=65536, **_AMD),
+    "sm_80": DeviceSpec("sm_80", sms=108, shared_per_sm=167936, shared_per_block=166912, l2_bytes=40 << 20,
+                        **_NVIDIA),
+    # L40 / RTX 4090 class: 100 KB per SM, 99 KB per block, 72 MB of L2 (the 4090's; the L40's 96).
+    "sm_89": DeviceSpec("sm_89", sms=142, shared_per_sm=102400, shared_per_block=101376, l2_bytes=72 << 20,
+                        **_NVIDIA),
+    # H100 / H200 (SXM): 132 SMs, 228 KB per SM, 227 KB per block, 50 MB of L2; TMA and wgmma (sm_90a).
+    "sm_90a": DeviceSpec("sm_90a", sms=132, shared_per_sm=233472, shared_per_block=232448, l2_bytes=50 << 20,
+                         tma=True, wgmma=True, **_NVIDIA),
+    # MI210 / one MI250X die: 104 CUs, 64 KB of LDS per CU and per workgroup, wavefronts of 64, 8 MB of L2.
+    "gfx90a": DeviceSpec("gfx90a", sms=104, shared_per_sm=65536, shared_per_block=65536, l2_bytes=8 << 20, **_AMD),
+    # MI300X: 304 CUs; 4 MB of L2 per XCD (eight of them, before the Infinity Cache).
+    "gfx942": DeviceSpec("gfx942", sms=304, shared_per_sm=65536, shared_per_block=65536, l2_bytes=4 << 20, **_AMD),
 }
 DEFAULT_ARCH = {"cuda": "sm_90a", "hip": "gfx90a"}
 """The architecture a backend's sources are emitted for where no device says otherwise."""

@@ -4,6 +4,7 @@ kernel's bits where the folds are exact and within the bound of a sum in any ord
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import numpy as np
@@ -26,8 +27,8 @@ H100 = PRESETS["sm_90a"]
 OFF = CodegenOptions(stagger_loops=False)
 
 
-def _planned(program, options: CodegenOptions | None = None):
-    target = Target("cuda", H100, options or CodegenOptions())
+def _planned(program, options: CodegenOptions | None = None, device=H100):
+    target = Target("cuda", device, options or CodegenOptions())
     gpu, plan = gpu_plan(skip_masked_tiles(to_tiles(program)), target)
     return gpu, plan, target
 
@@ -89,6 +90,14 @@ def test_rolling_updates_keep_their_order(name, mode):
     sizes = op.sizes(mode)
     _, plan, _ = _planned(default_schedule(name, mode, op.program(mode, **sizes), target="cuda").program)
     assert _staggers(plan) == []
+
+
+def test_a_weight_beyond_its_share_of_the_l2_is_not_staggered():
+    # w is 96 x 16 f32 = 6 KB: staggered with an L2 of 4 x 6 KB, not with a smaller one (blocks at different steps
+    # would each fetch it from memory), nor where the L2 is unknown
+    assert len(_staggers(_planned(_gate(), device=dataclasses.replace(H100, l2_bytes=4 * 6144))[1])) == 1
+    assert _staggers(_planned(_gate(), device=dataclasses.replace(H100, l2_bytes=4 * 6144 - 1))[1]) == []
+    assert _staggers(_planned(_gate(), device=dataclasses.replace(H100, l2_bytes=0))[1]) == []
 
 
 def test_blocks_reading_only_their_own_rows_are_not_staggered():

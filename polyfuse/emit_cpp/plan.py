@@ -582,7 +582,7 @@ class _Planner:
         self.accumulators = outer
         used = {p.block for p in list(self.stmts.values())[first:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
-        staggered = (stagger.plan(s, frozenset(lp.var.name for lp in self.nest.chain), frame.options)
+        staggered = (stagger.plan(s, frozenset(lp.var.name for lp in self.nest.chain), self.device, frame.options)
                      if streams is None or not streams.kept else None)
         self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets,
                                      stagger=staggered)

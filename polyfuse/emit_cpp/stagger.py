@@ -13,7 +13,10 @@ variable), or a store with a reducer; no statement but those ``own`` loads reads
 across iterations (a rolling update, which reads its running statistics, keeps its order), every ``v == 0``
 test of the body is a fold's first-iteration test (printed as the first iteration of the rotated loop), and
 some tile the body reads moves with the step but not with the block (else there is nothing to spread).  The
-loop keeps no operand tiles of its own (their copies are tied to the step order).
+loop keeps no operand tiles of its own (their copies are tied to the step order).  And the tensors every block
+reads must fit in a quarter of the device's L2 (``L2_SHARE``): blocks at different steps then still find them
+there, where a weight larger than the L2 read in step by all blocks at once is fetched from memory about once
+but read at staggered steps would be fetched once per block.
 
 Exactness: ``max`` and ``min`` folds give the same value in any order; a sum of ``n`` terms is rounded
 differently in another order but within the same bound (every term's rounding error is bounded by the same
@@ -23,8 +26,10 @@ sum of magnitudes whatever the order), which is the bound the tolerance notes us
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp.options import CodegenOptions
 from polyfuse.ir.expr import BinOp, Const, Expr, Select, Var
 from polyfuse.ir.visit import free_vars
@@ -35,6 +40,8 @@ from polyfuse.tiling.parallel import allocated_at
 FOLDS = ("+", "max", "min")
 """Binary operators of a fold whose steps may run in any order."""
 REDUCERS = ("sum", "prod", "max", "min")
+L2_SHARE = 4
+"""The tensors every block reads may take at most ``1 / L2_SHARE`` of the L2 (the rest for the streamed ones)."""
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,14 @@ def _index_vars(index) -> set[str]:
     return names
 
 
+def _nbytes(load: TileLoad) -> int | None:
+    """The bytes of the tensor ``load`` reads; None where its shape is symbolic."""
+    shape = load.tensor.shape
+    if not all(isinstance(d, Const) for d in shape):
+        return None
+    return math.prod(int(d.value) for d in shape) * max(1, load.tensor.dtype.bits // 8)
+
+
 def _own_select(x: Expr, s: TileStore, var: str) -> Select | None:
     """``x`` as ``select(var == 0, init, own)`` of statement ``s``, else None."""
     if not (isinstance(x, Select) and _is_first(x.cond, var)):
@@ -91,11 +106,12 @@ def _own_select(x: Expr, s: TileStore, var: str) -> Select | None:
     return x
 
 
-def plan(loop: Loop, grid: frozenset[str], options: CodegenOptions) -> Stagger | None:
-    """The stagger of ``loop`` (a loop of a block whose grid variables are ``grid``), or None where the
-    options say no or it does not qualify (the module docstring)."""
+def plan(loop: Loop, grid: frozenset[str], device: DeviceSpec, options: CodegenOptions) -> Stagger | None:
+    """The stagger of ``loop`` (a loop of a block whose grid variables are ``grid``) on ``device``, or None where
+    the options say no or it does not qualify (the module docstring)."""
     var = loop.var.name
-    if not options.stagger_loops or (isinstance(loop.extent, Const) and int(loop.extent.value) < 2):
+    if (not options.stagger_loops or not device.l2_bytes
+            or (isinstance(loop.extent, Const) and int(loop.extent.value) < 2)):
         return None
     stores = _stores(loop.body)
     if not stores:
@@ -128,12 +144,15 @@ def plan(loop: Loop, grid: frozenset[str], options: CodegenOptions) -> Stagger |
         reads = [n for x in exprs for n in walk_tile_expr(x) if isinstance(n, TileLoad)]
         if any(n.tensor.name in carried and not any(n is o for o in owns) for n in reads):
             return None
-    shared: set[str] = set()
+    shared: dict[str, TileLoad] = {}
     for s in stores:
         for x in [s.value] + ([s.mask] if s.mask is not None else []):
             for n in walk_tile_expr(x):
                 if isinstance(n, TileLoad) and var in _index_vars(n.index) and not _index_vars(n.index) & grid:
-                    shared.add(n.tensor.name)
+                    shared[n.tensor.name] = n
     if not shared:
+        return None
+    sizes = [_nbytes(n) for n in shared.values()]
+    if any(b is None for b in sizes) or sum(b for b in sizes if b is not None) * L2_SHARE > device.l2_bytes:
         return None
     return Stagger(var, loop.extent, tuple(first), tuple(sorted(shared)))

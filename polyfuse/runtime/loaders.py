@@ -379,6 +379,7 @@ _CUDA_ATTRIBUTES = {
     "warp_size": "WARP_SIZE",
     "max_threads_per_block": "MAX_THREADS_PER_BLOCK",
     "threads_per_sm": "MAX_THREADS_PER_MULTIPROCESSOR",
+    "l2_bytes": "L2_CACHE_SIZE",
 }
 """The :class:`DeviceSpec` fields a CUDA driver reports, by device attribute (``CU_DEVICE_ATTRIBUTE_`` + name in
 cuda-python, ``device_attribute.`` + name in pycuda)."""
@@ -390,6 +391,7 @@ _HIP_PROPERTIES = {
     "warp_size": "warpSize",
     "max_threads_per_block": "maxThreadsPerBlock",
     "threads_per_sm": "maxThreadsPerMultiProcessor",
+    "l2_bytes": "l2CacheSize",
 }
 """The :class:`DeviceSpec` fields HIP reports, by ``hipDeviceProp_t`` field (HIP reserves no shared memory)."""
 
