@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--warmup", type=float, default=25.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=100.0, help="do_bench measuring time, ms")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="timing rounds alternating over the candidates, the least median kept (default 3)")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile (and FlexAttention)")
     parser.add_argument("--no-reference", action="store_true", help="skip the NumPy reference")
     parser.add_argument("--plot", type=Path, metavar="JSON", help="only redraw the PNGs of a recorded gpu_bench.json")
@@ -73,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             if keep or not wanted:
                 chosen += cases(op, args.sizes, keep)
         options = BenchOptions(seed=args.seed, loader=args.loader, warmup_ms=args.warmup, rep_ms=args.rep,
-                               compile=not args.no_compile, reference=not args.no_reference)
+                               rounds=args.rounds, compile=not args.no_compile, reference=not args.no_reference)
         command = shlex.join(["python", *sys.argv])
         done = run(chosen, options, command=command, sizes=args.sizes, out=args.out,
                    results=REPO / "benchmarks" / "results", commit=args.commit)

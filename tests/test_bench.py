@@ -28,10 +28,11 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 def test_the_command_parses_its_options():
     args = build_parser().parse_args(["bench", "attn_causal", "--sweep", "--mode", "prefill", "--set", "D=64",
                                       "--no-compile", "--no-reference", "--out", "here", "--loader", "cuda-python",
-                                      "--warmup", "5", "--rep", "20", "--seed", "3"])
+                                      "--warmup", "5", "--rep", "20", "--seed", "3", "--rounds", "5"])
     assert (args.op, args.sweep, args.mode, args.set, args.no_compile, args.no_reference) == (
         "attn_causal", True, "prefill", [("D", 64)], True, True)
     assert (str(args.out), args.loader, args.warmup, args.rep, args.seed) == ("here", "cuda-python", 5.0, 20.0, 3)
+    assert args.rounds == 5 and build_parser().parse_args(["bench", "softmax"]).rounds == 3
 
 
 def test_without_the_bench_extra_it_exits_4_in_one_line(capsys, monkeypatch):
@@ -150,3 +151,38 @@ def test_a_case_without_products_is_reported_against_a_copy_of_as_many_bytes():
     copy = {**rec, "copy_ms": rec["candidates"]["polyfuse"]["ms"] * 0.95}
     assert "(95% of copy)" in "\n".join(table([copy]))
     assert "of copy" not in "\n".join(table([rec]))
+
+
+def test_timings_alternate_over_the_candidates_in_rounds(monkeypatch):
+    # every candidate (and the copy) is timed once per round, in turn; one whose timing fails leaves the rounds
+    # with its error recorded, the others go on
+    from polyfuse.bench import measure
+
+    monkeypatch.setattr(measure, "context_broken", lambda err: None)
+    order: list[str] = []
+    clock = iter(range(100))
+
+    def timer(fn):
+        label = fn()
+        order.append(label)
+        if label == "eager" and order.count("eager") == 2:
+            raise RuntimeError("example failure")
+        return float(next(clock))
+
+    rec = {"candidates": {"polyfuse": {}, "eager": {}}, "notes": []}
+    timed = {label: (lambda label=label: label) for label in ("polyfuse", "eager", "copy")}
+    times = measure.time_rounds(timed, 3, timer, lambda label: None, rec)
+    assert order == ["polyfuse", "eager", "copy", "polyfuse", "eager", "copy", "polyfuse", "copy"]
+    assert times == {"polyfuse": [0.0, 3.0, 5.0], "copy": [2.0, 4.0, 6.0]}
+    assert rec["candidates"]["eager"]["error"] == "RuntimeError: example failure"
+
+
+def test_rounds_are_at_least_one_and_named_in_the_header():
+    from polyfuse.bench.measure import BenchOptions
+    from polyfuse.errors import PolyfuseError
+
+    with pytest.raises(PolyfuseError, match="at least one round"):
+        BenchOptions(rounds=0)
+    data = json.loads(SAMPLE.read_text())
+    assert "rounds" not in markdown(data["cases"], data)  # a record from before: one timing each
+    assert "the least of 3 rounds alternating over the candidates" in markdown(data["cases"], {**data, "rounds": 3})

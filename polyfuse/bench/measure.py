@@ -12,7 +12,10 @@
 - correctness: every result against the operator's float64 NumPy reference with its tolerance (attention on a
   subset of rows, heads or batch where the full reference would be too large, :func:`reference_subset`), and
   polyfuse against eager with the tolerance widened by eager's own error against the reference;
-- timing: the median GPU time of each, with ``triton.testing.do_bench`` (CUDA events where Triton is missing).
+- timing: the median GPU time of each, with ``triton.testing.do_bench`` (CUDA events where Triton is missing), in
+  ``rounds`` rounds that alternate over the candidates (and the copy), the least of each candidate's medians
+  kept: a candidate timed once, right after another, inherits the state that one left (clocks, the L2 its writes
+  dirtied), which moved ratios of nearly equal kernels by a few percent from run to run.
 
 PyTorch is imported where it is used, so that the module imports without it.
 """
@@ -33,6 +36,7 @@ import numpy as np
 from polyfuse import ops
 from polyfuse.bench import baselines
 from polyfuse.bench.cases import Case
+from polyfuse.errors import PolyfuseError
 from polyfuse.runtime.gpu import TORCH_DTYPES
 
 DEVICE = "cuda"
@@ -50,18 +54,23 @@ Progress = Callable[[str], None]
 @dataclass(frozen=True)
 class BenchOptions:
     """How a run measures: the inputs' seed, polyfuse's CUDA loader (None: pycuda if installed, else cuda-python),
-    do_bench's warm-up and measuring time (ms), whether torch.compile (and FlexAttention) and the NumPy reference
-    run."""
+    do_bench's warm-up and measuring time (ms), the rounds of timings alternating over the candidates, whether
+    torch.compile (and FlexAttention) and the NumPy reference run."""
 
     seed: int = 0
     loader: str | None = None
     warmup_ms: float = 25.0
     rep_ms: float = 100.0
+    rounds: int = 3
     compile: bool = True
     reference: bool = True
     static_sizes: bool = False
     """Build polyfuse's kernel for the case's sizes, every one fixed, instead of the generic kernel (whose
     ``gpu_symbolic`` sizes are parameters, one kernel for all their values)."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rounds, int) or self.rounds < 1:
+            raise PolyfuseError(f"BenchOptions.rounds is {self.rounds!r}: the timings need at least one round")
 
 
 # ------------------------------------------------------------------ arrays and timing
@@ -308,6 +317,7 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
         rec["notes"].append(f"alternatives failed: {one_line(err)}")
 
     results = {}
+    timed: dict[str, Callable[[], Any]] = {}
     for label, fn in candidates.items():
         entry: dict[str, Any] = {}
         rec["candidates"][label] = entry
@@ -322,7 +332,7 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
             del out
             if reference is not None:
                 entry["check"] = check(results[label], reference, tol, view)
-            entry["ms"] = timer(fn)
+            timed[label] = fn
         except Exception as err:
             entry["error"] = one_line(err)
             if caught:
@@ -331,6 +341,7 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
             if broken:
                 rec["fatal"] = broken
                 rec["notes"].append(broken)
+                timed.clear()
                 break
     if not rec["flops"] and not rec.get("fatal"):
         # The bandwidth a memory-bound kernel can reach, measured in the same run: a device-to-device copy that
@@ -338,10 +349,15 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
         try:
             src = torch.empty(rec["bytes"] // 2, dtype=torch.uint8, device=DEVICE)
             dst = torch.empty_like(src)
-            progress("copy")
-            rec["copy_ms"] = timer(lambda: dst.copy_(src))
+            timed["copy"] = lambda: dst.copy_(src)
         except Exception as err:
             rec["notes"].append(f"copy: {one_line(err)}")
+    rounds = time_rounds(timed, options.rounds, timer, progress, rec)
+    for label, times in rounds.items():
+        entry = rec["candidates"][label] if label != "copy" else rec
+        key = "ms" if label != "copy" else "copy_ms"
+        entry[key] = min(times)
+        entry[f"{key}_rounds"] = times
     if "polyfuse" in results and "eager" in results:
         widened = dict(tol)
         eager_check = rec["candidates"]["eager"].get("check", {})
@@ -350,6 +366,30 @@ def run_case(case: Case, options: BenchOptions, timer: Timer, progress: Progress
                 widened[n] = (atol + eager_check[n]["max_abs_err"], rtol)
         rec["polyfuse_vs_eager"] = check(results["polyfuse"], results["eager"], widened)
     return rec
+
+
+def time_rounds(timed: dict[str, Callable[[], Any]], rounds: int, timer: Timer, progress: Progress,
+                rec: dict[str, Any]) -> dict[str, list[float]]:
+    """Each of ``timed``'s median times in ``rounds`` rounds that alternate over them, by label; a candidate whose
+    timing fails is recorded as failed in ``rec`` and leaves the rounds (a broken context ends them)."""
+    times: dict[str, list[float]] = {label: [] for label in timed}
+    for r in range(rounds):
+        for label in list(timed):
+            progress(f"{label} (round {r + 1} of {rounds})")
+            try:
+                times[label].append(timer(timed[label]))
+            except Exception as err:
+                del timed[label], times[label]
+                if label == "copy":
+                    rec["notes"].append(f"copy: {one_line(err)}")
+                else:
+                    rec["candidates"][label]["error"] = one_line(err)
+                broken = context_broken(err)
+                if broken:
+                    rec["fatal"] = broken
+                    rec["notes"].append(broken)
+                    return times
+    return times
 
 
 def context_broken(err: BaseException) -> str | None:

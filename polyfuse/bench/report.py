@@ -133,7 +133,8 @@ def markdown(records: list[Mapping[str, Any]], meta: Mapping[str, Any]) -> str:
              f"{meta['date']}; polyfuse {meta['commit'] or 'commit unknown'} (sources "
              f"{meta.get('sources', 'not recorded')}); torch {meta['torch']}, "
              f"triton {meta['triton']}, CUDA {meta['cuda']}; timing {meta['timer']} (median, "
-             f"warm-up {meta['warmup_ms']:g} ms, {meta['rep_ms']:g} ms measured); sizes {meta['sizes']}; "
+             f"warm-up {meta['warmup_ms']:g} ms, {meta['rep_ms']:g} ms measured{_rounds(meta)}); "
+             f"sizes {meta['sizes']}; "
              f"`{meta['command']}`", "",
              "Times in ms; a ratio is the other's time over polyfuse's (above 1: polyfuse is faster). "
              "Throughput is polyfuse's: TFLOP/s of the products (attention: visible pairs only) and GB/s of "
@@ -175,8 +176,13 @@ def source_digest() -> str:
     return digest.hexdigest()[:12]
 
 
+def _rounds(meta: Mapping[str, Any]) -> str:
+    rounds = meta.get("rounds", 1)
+    return f"; the least of {rounds} rounds alternating over the candidates" if rounds > 1 else ""
+
+
 def environment(*, command: str, sizes: str, seed: int, loader: str | None, timer: str, warmup_ms: float,
-                rep_ms: float, commit: str | None = None) -> dict[str, Any]:
+                rep_ms: float, rounds: int = 1, commit: str | None = None) -> dict[str, Any]:
     """The run's header: GPU, library versions, date, commit, command and timing settings."""
     import torch
 
@@ -190,7 +196,8 @@ def environment(*, command: str, sizes: str, seed: int, loader: str | None, time
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "commit": commit or git_commit(), "sources": source_digest(), "command": command, "sizes": sizes,
             "seed": seed, "loader": loader,
-            "timer": timer, "warmup_ms": warmup_ms, "rep_ms": rep_ms, "tf32": False, "magnitude": 1.0}
+            "timer": timer, "warmup_ms": warmup_ms, "rep_ms": rep_ms, "rounds": rounds, "tf32": False,
+            "magnitude": 1.0}
 
 
 def write(out: Path, meta: Mapping[str, Any], records: list[Mapping[str, Any]]) -> None:

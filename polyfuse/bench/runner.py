@@ -79,7 +79,7 @@ def run(cases: Sequence[Case], options: BenchOptions, *, command: str, sizes: st
     timer, timer_name = make_timer(options.warmup_ms, options.rep_ms)
     warm_up_gpu(WARM_UP_S)
     meta = environment(command=command, sizes=sizes, seed=options.seed, loader=options.loader, timer=timer_name,
-                       warmup_ms=options.warmup_ms, rep_ms=options.rep_ms, commit=commit)
+                       warmup_ms=options.warmup_ms, rep_ms=options.rep_ms, rounds=options.rounds, commit=commit)
     slug = re.sub(r"[^A-Za-z0-9]+", "-", meta["gpu"]).strip("-")
     out = out or results / f"{meta['date'][:10]}_{slug}"
     print(f"bench: {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, commit {meta['commit']}; "

@@ -29,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
     p.add_argument("--warmup", type=float, default=25.0, help="do_bench warm-up, ms (default 25)")
     p.add_argument("--rep", type=float, default=100.0, help="do_bench measuring time, ms (default 100)")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="timing rounds alternating over the candidates, the least median kept (default 3)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (and FlexAttention)")
     p.add_argument("--no-reference", action="store_true", help="skip the float64 NumPy reference")
     p.add_argument("--static-sizes", action="store_true",
@@ -43,7 +45,7 @@ def bench(args: argparse.Namespace) -> int:
     which = "sweep" if args.sweep else "bench"
     chosen = cases(ops.get(args.op), which, {args.mode} if args.mode else set(), dict(args.set))
     options = BenchOptions(seed=args.seed, loader=args.loader, warmup_ms=args.warmup, rep_ms=args.rep,
-                           compile=not args.no_compile, reference=not args.no_reference,
+                           rounds=args.rounds, compile=not args.no_compile, reference=not args.no_reference,
                            static_sizes=args.static_sizes)
     done = run(chosen, options, command=shlex.join(args.command_line), sizes=which, out=args.out)
     print("\n".join(table(done.records)))
