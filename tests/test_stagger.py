@@ -15,7 +15,7 @@ from polyfuse import ops
 from polyfuse.device import PRESETS
 from polyfuse.emit_cpp import CodegenOptions, Target, emit_planned, gpu_plan
 from polyfuse.errors import BackendUnavailable
-from polyfuse.ir import ProgramBuilder, reduce
+from polyfuse.ir import ProgramBuilder, cast, reduce
 from polyfuse.ops.schedules import default_schedule
 from polyfuse.runtime.compiler import CompileOptions
 from polyfuse.runtime.gpu_compiler import compile_gpu
@@ -75,6 +75,43 @@ def test_moe_routing_gate_is_staggered():
     assert "for (int h_0 = 0; h_0 < (16); ++h_0)" in emit_planned(gpu, plan, target).text
 
 
+def _gemm16(S: int = 512, H: int = 256, E: int = 64, rows: int = 64, step: int = 64):
+    """A user's f16 GEMM with f32 products and sums (``z += f32(x)·f32(w)``), rows in blocks, the shared
+    dimension in steps: its loop keeps both operand tiles, copied one iteration ahead into two halves."""
+    p = ProgramBuilder("gemm16")
+    x = p.input("x", (S, H), "f16")
+    w = p.input("w", (H, E), "f16")
+    z = p.output("z", (S, E), "f32")
+    with p.nest("s_gate", s=S, e=E, h=reduce(H)) as (s, e, h):
+        z[s, e] = z[s, e] + cast("f32", x[s, h]) * cast("f32", w[h, e])
+    sch = Schedule(p.build())
+    s, e, h = sch.get_loops("s_gate")
+    _, s1 = sch.split(s, [None, rows])
+    h0, h1 = sch.split(h, [None, step])
+    sch.reorder([h0, s1, e, h1])
+    partial = sch.rfactor(h0)
+    sch.reverse_compute_at("s_gate", sch.loop(partial, h0.name))
+    return sch.program
+
+
+def test_a_loop_copying_its_tiles_ahead_is_staggered_by_its_iterations():
+    # the copies are for the step each iteration runs; the halves, the first iteration and the last go by the
+    # iteration's number, so two consecutive iterations never share a half (steps 3 then 0 would)
+    gpu, plan, target = _planned(_gemm16())
+    (st,) = _staggers(plan)
+    (kernel,) = plan.kernels
+    (lp,) = kernel.loops.values()
+    assert lp.streams is not None and lp.streams.ahead and lp.streams.stagger == st
+    text = emit_planned(gpu, plan, target).text
+    assert "[[maybe_unused]] const int pf_step_h_0 = 0;" in text  # the first iteration's tiles, before the loop
+    assert "if (pf_step_h_0 + 1 < (4))" in text and "const int pf_step_h_0 = pf_next;" in text
+    assert text.count("const int h_0 = (pf_step_h_0 + static_cast<int>(blockIdx.x % (4))) % (4);") == 3
+    assert "(pf_keep2 + (pf_step_h_0 & 1) * " in text and "& 1)" not in text.replace("(pf_step_h_0 & 1)", "")
+    # without the option: the loop as it was
+    gpu, plan, target = _planned(_gemm16(), OFF)
+    assert _staggers(plan) == [] and "pf_step" not in emit_planned(gpu, plan, target).text
+
+
 def test_a_users_gate_product_is_staggered():
     _, plan, _ = _planned(_gate())
     (st,) = _staggers(plan)
@@ -122,9 +159,11 @@ def test_staggered_sources_compile_for_sm90a():
     assert _staggers(plan)
     source = emit_planned(gpu, plan, target)
     compile_gpu(source.text, "moe_routing", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
-    gpu, plan, target = _planned(_gate())
-    source = emit_planned(gpu, plan, target)
-    compile_gpu(source.text, "gate", "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
+    for name, program in (("gate", _gate()), ("gemm16", _gemm16())):
+        gpu, plan, target = _planned(program)
+        assert _staggers(plan)
+        source = emit_planned(gpu, plan, target)
+        compile_gpu(source.text, name, "cuda", "sm_90a", options=CompileOptions(werror=True), compile_only=True)
 
 
 @pytest.mark.gpu
@@ -167,6 +206,31 @@ def test_a_staggered_sum_is_within_the_bound_of_any_order():
     except BackendUnavailable as err:
         pytest.skip(str(err))
     assert "pf_step_h_0" in staggered.kernel_source.text
+    for kernel in (staggered, plain):
+        z = np.asarray(kernel.run({"x": x, "w": w})["z"], dtype=np.float64)
+        assert np.all(np.abs(z - exact) <= bound)
+
+
+@pytest.mark.gpu
+def test_a_staggered_loop_copying_ahead_is_within_the_bound():
+    # f16 operands: each product is exact in f32; the tensor cores add in f32 with at most a truncation (2u) per
+    # addition, in another order per block when staggered
+    from polyfuse.pipeline import build
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((512, 256)).astype(np.float16)
+    w = rng.standard_normal((256, 64)).astype(np.float16)
+    exact = x.astype(np.float64) @ w.astype(np.float64)
+    magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
+    n, u = 256, 2.0 ** -24
+    bound = 2 * n * u / (1 - 2 * n * u) * magnitude
+    program = _gemm16()
+    try:
+        staggered = build(program, "cuda")
+        plain = build(program, "cuda", codegen=OFF)
+    except BackendUnavailable as err:
+        pytest.skip(str(err))
+    assert "pf_step_h_0" in staggered.kernel_source.text and "pf_step_h_0" not in plain.kernel_source.text
     for kernel in (staggered, plain):
         z = np.asarray(kernel.run({"x": x, "w": w})["z"], dtype=np.float64)
         assert np.all(np.abs(z - exact) <= bound)

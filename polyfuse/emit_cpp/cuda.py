@@ -216,17 +216,18 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         mark = self.scratch
         if lp.streams is not None and (lp.streams.ahead or lp.streams.refill):
             stream.prologue(self, lp.streams, s)
-            self.open(self.loop_header(s))
+            outer = self.open_loop(s, lp.stagger)
             self.allocate(s)
             stream.top(self, lp.streams, s)
             outer_refills, self.refills = self.refills, (lp.streams, s) if lp.streams.refill else None
             self.stmt(s.body)
             self.refills = outer_refills
-            self.close()
-        elif lp.stagger is not None:
-            self.staggered_loop(s, lp.stagger)
+            self.close_loop(lp.stagger, outer)
         else:
-            super().loop(s)
+            outer = self.open_loop(s, lp.stagger)
+            self.allocate(s)
+            self.stmt(s.body)
+            self.close_loop(lp.stagger, outer)
         if lp.streams is not None:
             stream.drain(self)
         self.scratch = mark
@@ -239,19 +240,23 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         if lp.stored:
             self.barrier()
 
-    def staggered_loop(self, s: Loop, st: stagger.Stagger) -> None:
-        """``s`` with each block starting at a step of its own (:mod:`~polyfuse.emit_cpp.stagger`): a counter runs
-        the iterations in order, the loop's variable is the step the counter stands for, and the folds'
-        first-iteration tests read the counter."""
+    def open_loop(self, s: Loop, st: stagger.Stagger | None) -> dict[Expr, str]:
+        """Open ``s``'s loop; a staggered one (:mod:`~polyfuse.emit_cpp.stagger`) counts its iterations in a counter
+        of its own, its variable the step the counter stands for, and the folds' first-iteration tests read the
+        counter (returned: the overrides they replaced, for :meth:`close_loop`)."""
+        if st is None:
+            self.open(self.loop_header(s))
+            return {}
         t, n = self.widths.loop, self.scalar(s.extent, {})
         self.open(f"for ({t} {st.counter} = 0; {st.counter} < {n}; ++{st.counter})")
-        self.line(f"const {t} {st.var} = ({st.counter} + static_cast<{t}>(blockIdx.x % {n})) % {n};  "
-                  f"// this block's step")
+        # (a loop whose tiles are copied ahead reads the step only in the copies' scopes)
+        self.line(f"[[maybe_unused]] const {t} {st.var} = {st.step(st.counter, n, t)};  // this block's step")
         outer = {e: self.overrides[e] for e in st.first if e in self.overrides}
         self.overrides.update({e: f"({st.counter} == 0)" for e in st.first})
-        self.allocate(s)
-        self.stmt(s.body)
-        for e in st.first:
+        return outer
+
+    def close_loop(self, st: stagger.Stagger | None, outer: dict[Expr, str]) -> None:
+        for e in st.first if st is not None else ():
             del self.overrides[e]
         self.overrides.update(outer)
         self.close()

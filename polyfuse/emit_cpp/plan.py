@@ -573,6 +573,9 @@ class _Planner:
         for tile in streams.kept if streams is not None else ():
             offsets[tile.buffer] = self.scratch
             self.take(tile.nbytes)
+        staggered = stagger.plan(s, frozenset(lp.var.name for lp in self.nest.chain), self.device, frame.options)
+        if streams is not None and staggered is not None:
+            streams = dataclasses.replace(streams, stagger=staggered)
         outer_streams, self.streams = self.streams, streams
         first = len(self.stmts)
         self.stmt(s.body)
@@ -582,8 +585,6 @@ class _Planner:
         self.accumulators = outer
         used = {p.block for p in list(self.stmts.values())[first:] if p.in_registers}
         stored = tuple(b for b in accumulators if b in used)
-        staggered = (stagger.plan(s, frozenset(lp.var.name for lp in self.nest.chain), self.device, frame.options)
-                     if streams is None or not streams.kept else None)
         self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets,
                                      stagger=staggered)
 

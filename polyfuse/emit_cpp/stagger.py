@@ -12,8 +12,9 @@ tensor the loop allocates per iteration, or folds its own element: ``select(v ==
 variable), or a store with a reducer; no statement but those ``own`` loads reads a tensor the loop carries
 across iterations (a rolling update, which reads its running statistics, keeps its order), every ``v == 0``
 test of the body is a fold's first-iteration test (printed as the first iteration of the rotated loop), and
-some tile the body reads moves with the step but not with the block (else there is nothing to spread).  The
-loop keeps no operand tiles of its own (their copies are tied to the step order).  And the tensors every block
+some tile the body reads moves with the step but not with the block (else there is nothing to spread).  Operand
+tiles the loop keeps (:mod:`~polyfuse.emit_cpp.stream`) are copied for the step an iteration runs and alternate
+halves by the iteration's number, not the step's.  And the tensors every block
 reads must fit in a quarter of the device's L2 (``L2_SHARE``): blocks at different steps then still find them
 there, where a weight larger than the L2 read in step by all blocks at once is fetched from memory about once
 but read at staggered steps would be fetched once per block.
@@ -57,7 +58,13 @@ class Stagger:
 
     @property
     def counter(self) -> str:
+        """The C variable counting the iterations (the loop's variable is the step an iteration runs)."""
         return f"pf_step_{self.var}"
+
+    def step(self, iteration: str, extent: str, t: str) -> str:
+        """C text of the step iteration ``iteration`` runs (``extent``: the loop's trip count as C text, ``t`` its
+        integer type)."""
+        return f"({iteration} + static_cast<{t}>(blockIdx.x % {extent})) % {extent}"
 
     def describe(self) -> str:
         return (f"staggered: block b runs step ({self.counter} + b) mod {self.extent} ({', '.join(self.shared)} "

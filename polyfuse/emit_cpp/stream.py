@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from polyfuse.emit_cpp.dotplan import (
     DotPlan, Frame, OperandPlan, Staged, half_pointer, mma_type, raw_staging, staging,
 )
+from polyfuse.emit_cpp.stagger import Stagger
 from polyfuse.emit_cpp.staging import copy_async
 from polyfuse.ir.dtypes import DType
 from polyfuse.ir.expr import Const, Expr, Var
@@ -118,6 +119,14 @@ class StreamPlan:
     refill: bool = False
     """The varying tiles are kept in one buffer each, copied before the loop and refilled after their last
     reader (:func:`refill`); the invariant ones copied before the loop."""
+    stagger: Stagger | None = None
+    """The loop starts each block at a step of its own (:mod:`~polyfuse.emit_cpp.stagger`): the copies are for the
+    step an iteration runs, the halves and the first iteration go by the iteration's number (:attr:`turn`)."""
+
+    @property
+    def turn(self) -> str:
+        """C text of the iteration's number: the loop's variable, or a staggered loop's counter."""
+        return self.stagger.counter if self.stagger is not None else self.loop_var
 
     @property
     def refilled(self) -> tuple[KeptTile, ...]:
@@ -132,12 +141,12 @@ class StreamPlan:
         if holder is not None:
             tile = tiles[holder]
             return OperandPlan(dataclasses.replace(op, stride=tile.operand.op.stride), "held", tile.buffer,
-                               holder=holder[0], loop_var=self.loop_var, ahead=self.ahead, half=tile.half,
+                               holder=holder[0], loop_var=self.turn, ahead=self.ahead, half=tile.half,
                                in_flight=self._in_flight(block))
         tile = tiles.get(key)
         if tile is None:
             return None
-        return OperandPlan(op, "kept", tile.buffer, every_iteration=tile.operand.varies, loop_var=self.loop_var,
+        return OperandPlan(op, "kept", tile.buffer, every_iteration=tile.operand.varies, loop_var=self.turn,
                            ahead=self.ahead, half=tile.half, in_flight=self._in_flight(block))
 
     def _in_flight(self, block: str) -> int | None:
@@ -295,7 +304,7 @@ def prologue(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
         [t for t in sp.kept if t.last is None] + list(refilled[:1]), *([t] for t in refilled[1:])]
     for group in groups:
         em.open(f"if ({em.scalar(loop.extent, {})} > 0)")
-        em.line(f"[[maybe_unused]] const {em.widths.loop} {sp.loop_var} = 0;")
+        _bind(em, sp, loop, "0", "[[maybe_unused]] ")
         _copy(em, group, lambda t: t.buffer)
         em.close()
         em.line("pf::cp_async_commit();")
@@ -307,10 +316,10 @@ def top(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
     next iteration's into those halves."""
     if not sp.ahead:
         return
-    var = sp.loop_var
+    turn = sp.turn
     em.line("pf::cp_async_wait<0>();  // this iteration's tiles (copied during the previous one)")
     em.barrier()
-    _copy_next(em, sp, loop, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, var, x.half),
+    _copy_next(em, sp, loop, [x for x in sp.kept if x.ahead], lambda x: half_pointer(x.buffer, turn, x.half),
                "the next iteration's tiles")
     em.published = sp.first
 
@@ -328,15 +337,28 @@ def _copy_next(em: CudaEmitter, sp: StreamPlan, loop: Loop, tiles: list[KeptTile
                buffer: Callable[[KeptTile], str], comment: str) -> None:
     """The next iteration's copies of ``tiles`` into ``buffer(tile)`` (none after the last iteration: the loop
     variable shadowed by its next value in a scope of its own), then one commit, made at every iteration."""
-    var, t = sp.loop_var, em.widths.loop
-    em.open(f"if ({var} + 1 < {em.scalar(loop.extent, {})})")
-    em.line(f"const {t} pf_next = {var} + 1;")
+    turn, t = sp.turn, em.widths.loop
+    em.open(f"if ({turn} + 1 < {em.scalar(loop.extent, {})})")
+    em.line(f"const {t} pf_next = {turn} + 1;")
     em.open("")
-    em.line(f"const {t} {var} = pf_next;  // {comment}")
+    _bind(em, sp, loop, "pf_next", f"  // {comment}")
     _copy(em, tiles, buffer)
     em.close()
     em.close()
     em.line("pf::cp_async_commit();")
+
+
+def _bind(em: CudaEmitter, sp: StreamPlan, loop: Loop, iteration: str, note: str) -> None:
+    """Declare the loop's variable (and a staggered loop's counter) as at iteration ``iteration`` (C text), in the
+    scope a copy for that iteration is printed in; ``note``: a prefix (an attribute) or a trailing comment."""
+    t = em.widths.loop
+    attribute, comment = (note, "") if note.startswith("[[") else ("", note)
+    if sp.stagger is None:
+        em.line(f"{attribute}const {t} {sp.loop_var} = {iteration};{comment}")
+        return
+    # (a refill's copies read the step only, copies into halves the counter too)
+    em.line(f"[[maybe_unused]] const {t} {sp.turn} = {iteration};{comment}")
+    em.line(f"[[maybe_unused]] const {t} {sp.loop_var} = {sp.stagger.step(sp.turn, em.scalar(loop.extent, {}), t)};")
 
 
 def _copy(em: CudaEmitter, tiles: list[KeptTile], buffer: Callable[[KeptTile], str]) -> None:
