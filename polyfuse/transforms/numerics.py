@@ -24,7 +24,10 @@ the program guarantees about its running producer values (:class:`ProducerFacts`
    by the producer*: its producer-dependent factor has a finite range when each producer is
    written relative to its own term at the current element (``m = p + δ`` for a max, ``s = p/w``
    with ``w`` in (0, 1] for a mass) — FlashAttention's ``exp(x - m) <= 1`` proven, not assumed.
-   What multiplies that factor is data the plain program multiplies too.  State repairs
+   What multiplies that factor is data the plain program multiplies too.  A repair that shifts a max or
+   min (``h = t + g(r') - g(r)``, a term the producers move) evaluates g at the running values too, in
+   the shift and in the fused terms: its term must be bounded by the producers the same way, or the
+   shift meets ``inf - inf`` where the plain term at the final values is finite.  State repairs
    (polynomials, :mod:`~polyfuse.transforms.auxiliary`) have no division and work at reference
    points near the data; they need only condition 1.
 3. **Infinite identities.**  A max (min) producer is -inf (+inf) while it has seen only -inf
@@ -231,6 +234,12 @@ class _Checker:
                     # every accumulator by the same factor: it must decay, like t·Q's.
                     self._decay(scale)
                 self._references()
+                if not self.repair.state:
+                    # A shift t + b (a max or min of a term the producers move) evaluates the term at the
+                    # producers' running values, in the shift and in the fused terms: where that is not bounded
+                    # by the producers it overflows where the plain term at the final values does not, and the
+                    # shift meets inf - inf (exp(min) of a running min of data that starts large).
+                    self._bounded_term()
                 if self.repair.state:
                     self._selects_see_finite_data()
                 # A state repair has no identity guard G: at a rolling loop's first step its state is
