@@ -37,15 +37,16 @@ def _staggers(plan) -> list:
     return [lp.stagger for k in plan.kernels for lp in k.loops.values() if lp.stagger is not None]
 
 
-def _gate(rows: int = 16, step: int = 32):
-    """A user's gate product ``z = x·w`` (64 rows of x in blocks of ``rows``, 96 hidden elements in steps of
-    ``step``, every block multiplying by the same tiles of w), scheduled as moe_routing's gate is."""
-    p = ProgramBuilder("gate")
-    x = p.input("x", (64, 96), "f32")
-    w = p.input("w", (96, 16), "f32")
-    z = p.output("z", (64, 16), "f32")
-    with p.nest("s_gate", s=64, e=16, h=reduce(96)) as (s, e, h):
-        z[s, e] = z[s, e] + x[s, h] * w[h, e]
+def _gate_product(name: str, S: int, H: int, E: int, dtype: str, rows: int, step: int):
+    """A user's gate product ``z += x·w`` (``dtype`` operands; f16 ones multiplied in f32), scheduled as
+    moe_routing's gate is: ``rows`` rows of x per block, the ``H`` hidden elements in steps of ``step``, every
+    block multiplying by the same tiles of w."""
+    p = ProgramBuilder(name)
+    x = p.input("x", (S, H), dtype)
+    w = p.input("w", (H, E), dtype)
+    z = p.output("z", (S, E), "f32")
+    with p.nest("s_gate", s=S, e=E, h=reduce(H)) as (s, e, h):
+        z[s, e] = z[s, e] + (x[s, h] * w[h, e] if dtype == "f32" else cast("f32", x[s, h]) * cast("f32", w[h, e]))
     sch = Schedule(p.build())
     s, e, h = sch.get_loops("s_gate")
     _, s1 = sch.split(s, [None, rows])
@@ -54,6 +55,17 @@ def _gate(rows: int = 16, step: int = 32):
     partial = sch.rfactor(h0)
     sch.reverse_compute_at("s_gate", sch.loop(partial, h0.name))
     return sch.program
+
+
+def _gate():
+    """f32 operands, 64 x 96 x 16 in blocks of 16 rows and steps of 32: staged per step."""
+    return _gate_product("gate", 64, 96, 16, "f32", 16, 32)
+
+
+def _gemm16():
+    """f16 operands, 512 x 256 x 64 in blocks of 64 rows and steps of 64: its loop keeps both operand tiles,
+    copied one iteration ahead into two halves."""
+    return _gate_product("gemm16", 512, 256, 64, "f16", 64, 64)
 
 
 def test_moe_routing_gate_is_staggered():
@@ -73,25 +85,6 @@ def test_moe_routing_gate_is_staggered():
                                                   target="cuda", options=OFF).program, OFF)
     assert _staggers(plan) == []
     assert "for (int h_0 = 0; h_0 < (16); ++h_0)" in emit_planned(gpu, plan, target).text
-
-
-def _gemm16(S: int = 512, H: int = 256, E: int = 64, rows: int = 64, step: int = 64):
-    """A user's f16 GEMM with f32 products and sums (``z += f32(x)·f32(w)``), rows in blocks, the shared
-    dimension in steps: its loop keeps both operand tiles, copied one iteration ahead into two halves."""
-    p = ProgramBuilder("gemm16")
-    x = p.input("x", (S, H), "f16")
-    w = p.input("w", (H, E), "f16")
-    z = p.output("z", (S, E), "f32")
-    with p.nest("s_gate", s=S, e=E, h=reduce(H)) as (s, e, h):
-        z[s, e] = z[s, e] + cast("f32", x[s, h]) * cast("f32", w[h, e])
-    sch = Schedule(p.build())
-    s, e, h = sch.get_loops("s_gate")
-    _, s1 = sch.split(s, [None, rows])
-    h0, h1 = sch.split(h, [None, step])
-    sch.reorder([h0, s1, e, h1])
-    partial = sch.rfactor(h0)
-    sch.reverse_compute_at("s_gate", sch.loop(partial, h0.name))
-    return sch.program
 
 
 def test_a_loop_copying_its_tiles_ahead_is_staggered_by_its_iterations():
@@ -185,46 +178,20 @@ def test_moe_routing_staggered_gives_the_same_bits(preset):
     assert_same_bits_and_numpy(op, "default", sizes, staggered, plain, seed=3)
 
 
-@pytest.mark.gpu
-def test_a_staggered_sum_is_within_the_bound_of_any_order():
-    # random f32 operands: each output is a sum of 96 products whose order differs per block; |error| of a
-    # sum of n terms in any order (FMA or not) is at most gamma_n = n·u/(1 - n·u) times the sum of their
-    # magnitudes (u = 2^-24), for the staggered and the plain kernel alike
+def _assert_within_any_order_bound(program, dtype, shape: tuple[int, int, int], seed: int, per_add: float) -> None:
+    """The staggered and the plain kernel of ``program`` (z = x·w of ``shape`` = (S, H, E), ``dtype`` operands)
+    on random normal operands: each output within ``gamma = n·e/(1 - n·e)`` (n = H terms, e = ``per_add`` units
+    of 2^-24 per addition) times the sum of the magnitudes of its terms, the bound of a sum in any order."""
     from polyfuse.pipeline import build
 
-    rng = np.random.default_rng(5)
-    x = rng.standard_normal((64, 96)).astype(np.float32)
-    w = rng.standard_normal((96, 16)).astype(np.float32)
+    S, H, E = shape
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((S, H)).astype(dtype)
+    w = rng.standard_normal((H, E)).astype(dtype)
     exact = x.astype(np.float64) @ w.astype(np.float64)
     magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    n, u = 96, 2.0 ** -24
-    bound = n * u / (1 - n * u) * magnitude
-    program = _gate()
-    try:
-        staggered = build(program, "cuda")
-        plain = build(program, "cuda", codegen=OFF)
-    except BackendUnavailable as err:
-        pytest.skip(str(err))
-    assert "pf_step_h_0" in staggered.kernel_source.text
-    for kernel in (staggered, plain):
-        z = np.asarray(kernel.run({"x": x, "w": w})["z"], dtype=np.float64)
-        assert np.all(np.abs(z - exact) <= bound)
-
-
-@pytest.mark.gpu
-def test_a_staggered_loop_copying_ahead_is_within_the_bound():
-    # f16 operands: each product is exact in f32; the tensor cores add in f32 with at most a truncation (2u) per
-    # addition, in another order per block when staggered
-    from polyfuse.pipeline import build
-
-    rng = np.random.default_rng(7)
-    x = rng.standard_normal((512, 256)).astype(np.float16)
-    w = rng.standard_normal((256, 64)).astype(np.float16)
-    exact = x.astype(np.float64) @ w.astype(np.float64)
-    magnitude = np.abs(x.astype(np.float64)) @ np.abs(w.astype(np.float64))
-    n, u = 256, 2.0 ** -24
-    bound = 2 * n * u / (1 - 2 * n * u) * magnitude
-    program = _gemm16()
+    e = per_add * 2.0 ** -24
+    bound = H * e / (1 - H * e) * magnitude
     try:
         staggered = build(program, "cuda")
         plain = build(program, "cuda", codegen=OFF)
@@ -234,3 +201,18 @@ def test_a_staggered_loop_copying_ahead_is_within_the_bound():
     for kernel in (staggered, plain):
         z = np.asarray(kernel.run({"x": x, "w": w})["z"], dtype=np.float64)
         assert np.all(np.abs(z - exact) <= bound)
+
+
+@pytest.mark.gpu
+def test_a_staggered_sum_is_within_the_bound_of_any_order():
+    # random f32 operands: each output is a sum of 96 products whose order differs per block; the error of a
+    # sum of n terms in any order (FMA or not) is at most gamma_n = n·u/(1 - n·u) times the sum of their
+    # magnitudes (u = 2^-24), for the staggered and the plain kernel alike
+    _assert_within_any_order_bound(_gate(), np.float32, (64, 96, 16), seed=5, per_add=1.0)
+
+
+@pytest.mark.gpu
+def test_a_staggered_loop_copying_ahead_is_within_the_bound():
+    # f16 operands: each product is exact in f32; the tensor cores add in f32 with at most a truncation (2u) per
+    # addition, in another order per block when staggered
+    _assert_within_any_order_bound(_gemm16(), np.float16, (512, 256, 64), seed=7, per_add=2.0)

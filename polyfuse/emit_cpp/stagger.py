@@ -126,6 +126,7 @@ def plan(loop: Loop, grid: frozenset[str], device: DeviceSpec, options: CodegenO
     allocated = set(allocated_at(loop))
     carried = {s.tensor.name for s in stores if s.tensor.name not in allocated}
     first: list[Expr] = []
+    shared: dict[str, TileLoad] = {}
     for s in stores:
         exprs = [s.value] + ([s.mask] if s.mask is not None else [])
         owns: list[Expr] = []
@@ -151,15 +152,18 @@ def plan(loop: Loop, grid: frozenset[str], device: DeviceSpec, options: CodegenO
         reads = [n for x in exprs for n in walk_tile_expr(x) if isinstance(n, TileLoad)]
         if any(n.tensor.name in carried and not any(n is o for o in owns) for n in reads):
             return None
-    shared: dict[str, TileLoad] = {}
-    for s in stores:
-        for x in [s.value] + ([s.mask] if s.mask is not None else []):
-            for n in walk_tile_expr(x):
-                if isinstance(n, TileLoad) and var in _index_vars(n.index) and not _index_vars(n.index) & grid:
-                    shared[n.tensor.name] = n
+        for n in reads:
+            names = _index_vars(n.index)
+            if var in names and not names & grid:
+                shared[n.tensor.name] = n
     if not shared:
         return None
-    sizes = [_nbytes(n) for n in shared.values()]
-    if any(b is None for b in sizes) or sum(b for b in sizes if b is not None) * L2_SHARE > device.l2_bytes:
+    total = 0
+    for n in shared.values():
+        nbytes = _nbytes(n)
+        if nbytes is None:
+            return None
+        total += nbytes
+    if total * L2_SHARE > device.l2_bytes:
         return None
     return Stagger(var, loop.extent, tuple(first), tuple(sorted(shared)))

@@ -304,7 +304,7 @@ def prologue(em: CudaEmitter, sp: StreamPlan, loop: Loop) -> None:
         [t for t in sp.kept if t.last is None] + list(refilled[:1]), *([t] for t in refilled[1:])]
     for group in groups:
         em.open(f"if ({em.scalar(loop.extent, {})} > 0)")
-        _bind(em, sp, loop, "0", "[[maybe_unused]] ")
+        _bind(em, sp, loop, "0", unused=True)
         _copy(em, group, lambda t: t.buffer)
         em.close()
         em.line("pf::cp_async_commit();")
@@ -341,23 +341,24 @@ def _copy_next(em: CudaEmitter, sp: StreamPlan, loop: Loop, tiles: list[KeptTile
     em.open(f"if ({turn} + 1 < {em.scalar(loop.extent, {})})")
     em.line(f"const {t} pf_next = {turn} + 1;")
     em.open("")
-    _bind(em, sp, loop, "pf_next", f"  // {comment}")
+    _bind(em, sp, loop, "pf_next", comment=comment)
     _copy(em, tiles, buffer)
     em.close()
     em.close()
     em.line("pf::cp_async_commit();")
 
 
-def _bind(em: CudaEmitter, sp: StreamPlan, loop: Loop, iteration: str, note: str) -> None:
+def _bind(em: CudaEmitter, sp: StreamPlan, loop: Loop, iteration: str, *, unused: bool = False,
+          comment: str = "") -> None:
     """Declare the loop's variable (and a staggered loop's counter) as at iteration ``iteration`` (C text), in the
-    scope a copy for that iteration is printed in; ``note``: a prefix (an attribute) or a trailing comment."""
+    scope a copy for that iteration is printed in; ``unused``: marked ``[[maybe_unused]]``."""
     t = em.widths.loop
-    attribute, comment = (note, "") if note.startswith("[[") else ("", note)
+    note = f"  // {comment}" if comment else ""
     if sp.stagger is None:
-        em.line(f"{attribute}const {t} {sp.loop_var} = {iteration};{comment}")
+        em.line(f"{'[[maybe_unused]] ' if unused else ''}const {t} {sp.loop_var} = {iteration};{note}")
         return
     # (a refill's copies read the step only, copies into halves the counter too)
-    em.line(f"[[maybe_unused]] const {t} {sp.turn} = {iteration};{comment}")
+    em.line(f"[[maybe_unused]] const {t} {sp.turn} = {iteration};{note}")
     em.line(f"[[maybe_unused]] const {t} {sp.loop_var} = {sp.stagger.step(sp.turn, em.scalar(loop.extent, {}), t)};")
 
 
