@@ -8,11 +8,13 @@ its tile program and its host C++ kernel, and reports every difference that roun
 
 The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and smallest normal number ``τ``:
 
-1. where ``p`` is NaN, +inf or -inf, ``f`` is the same, unless ``E_p`` is infinite: the plain program
-   overflowed on the way (or divided by a zero it computed), so its class says nothing about the exact
-   value, and a schedule that reassociates the reduction (``rfactor``, split-k, tiles) overflows at
-   another step (``(a·b)·c`` against ``a·(b·c)``, then ``inf·0``).  A non-finite value that came in
-   with the data is exact (``E_p = 0``) and must be kept;
+1. where ``p`` is NaN, +inf or -inf, ``f`` is the same, and where ``p`` is finite, ``f`` is finite, unless
+   ``E_p`` is infinite: the plain program overflowed on the way (or divided by a zero it computed), so its
+   class says nothing about the exact value, and a schedule that reassociates the reduction (``rfactor``,
+   split-k, tiles) overflows at another step (``(a·b)·c`` against ``a·(b·c)``, then ``inf·0``).  Both
+   ways: a product that overflowed in the plain order and was then divided into (``x/inf = 0``) is finite
+   there, while a partial of the same product that underflowed to 0 before meeting the overflow is NaN.
+   A non-finite value that came in with the data is exact (``E_p = 0``) and must be kept;
 2. where ``p`` is finite, ``f`` is finite and ``|f - p| <= E_p + E_f``: both programs approximate the
    same exact value (a repair is an identity in real arithmetic), each within its bound;
 3. the scheduled program is not intrinsically less accurate: ``E_f <= K·(S + 1)^d·(E_p + u·|p|) + K·τ``,
@@ -49,8 +51,7 @@ The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and
    then ``inf·0``) or flips the sign of a zero (IEEE 754 leaves ``max(-0, +0)`` to the implementation).
 
 Where ``E_p`` is infinite (the plain program overflows on the way, or decides on an uncertain
-comparison) rules 2 and 3 accept any finite value, and rule 1 any class where ``p`` is not finite;
-:class:`Tally` counts such elements.
+comparison) rules 2 and 3 accept any value and rule 1 any class; :class:`Tally` counts such elements.
 """
 
 from __future__ import annotations
@@ -161,8 +162,7 @@ def mismatch(name: str, want: tuple[np.ndarray, np.ndarray], got: np.ndarray, go
     # where the reference's own bound is infinite, a program that reduces in another order may overflow
     # elsewhere or flip the sign of a zero (rules 1 and 4 of the module docstring)
     vouched = ~np.isinf(ep)
-    finite_kept = vouched if tolerance is not None else np.ones(np.shape(pf), bool)
-    for label, bad in (("non-finite", (kp == 0) & (kg != 0) & finite_kept),
+    for label, bad in (("non-finite", (kp == 0) & (kg != 0) & vouched),
                        ("class", (kp != 0) & (kp != kg) & vouched)):
         if np.any(bad):
             return _describe(name, label, bad, p, got, ep, got_bound)

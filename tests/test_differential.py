@@ -49,6 +49,15 @@ def test_an_overflowed_plain_value_binds_no_class():
     assert text and text.startswith("class") and "r[1]" in text
 
 
+def test_an_overflowed_finite_plain_value_binds_no_class():
+    # x²/Π exp(x): the plain product overflowed to inf and the quotient is 0; an rfactor's partial of it
+    # underflowed to 0 before meeting exp(991) and gave NaN (fuzzer find, seed 237000). A finite value with a
+    # finite bound still needs a finite one.
+    overflowed = (np.array([0.0, 0.0]), np.array([np.inf, 0.0]))
+    text = mismatch("r", overflowed, np.array([np.nan, np.nan]), np.array([np.inf, np.inf]))
+    assert text and text.startswith("non-finite") and "r[1]" in text
+
+
 def test_nan_for_nan_and_inf_for_inf_pass():
     plain = (np.array([np.nan, np.inf, -np.inf]), np.zeros(3))
     assert mismatch("r", plain, np.array([np.nan, np.inf, -np.inf]), np.zeros(3)) is None
