@@ -4,13 +4,17 @@ Checked here: the plan folds the combine of every split decode of the catalog (o
 zeroed at allocation) and says why where it does not (the option off, a combine reading other rows' partials
 or writing what the partial reads, no splits, a producer warpgroup); every decode kernel of the catalog, at its
 test sizes (split) and bench presets, compiles for sm_90a with ``-Werror``, folded and as two launches; the
-split rule by wave efficiency.  The ``gpu`` tests run the folded kernel against the two launches and NumPy on
-random and edge inputs at ragged key counts, twice in a row, and read the counters back: all zero.
+split rule by wave efficiency; the row's partials copied into shared memory before the combine (cp.async, or
+through registers; element by element where a row is not whole 16-byte pieces) and why not where they are not.
+The ``gpu`` tests run the folded kernel against the two launches and NumPy on random and edge inputs at ragged key
+counts, twice in a row, and against the fold reading its partials from memory (the same bits), and read the
+counters back: all zero.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 
 import numpy as np
@@ -173,6 +177,63 @@ def test_split_k_programs_beyond_attention_fold():
     tiles = to_tiles(default_schedule("performer", op.modes[0], program, target="cuda").program)
     _, plan = gpu_plan(tiles, CUDA)
     assert any(k.fold is not None for k in plan.kernels), str(plan)
+
+
+# ------------------------------------------------------------------ the row's partials staged in shared memory
+
+def test_the_row_partials_are_copied_into_shared_memory_at_once():
+    tiles = _tiles("attn_global", ANY_SPLIT)
+    _, plan = gpu_plan(tiles, CUDA)
+    (kernel,) = plan.kernels
+    staged = kernel.fold.staged
+    assert [p.tensor.name for p in staged] == ["pv_rf", "row_max_rf", "row_sum_rf"] and kernel.fold.copy_async
+    assert all(p.offset % 16 == 0 and p.offset >= kernel.folded.peak for p in staged)
+    assert kernel.peak >= staged[-1].offset + staged[-1].nbytes
+    assert "the row's partials copied into shared memory first: pv_rf[b, i, h, 0, 0, 0, :, :]" in str(plan)
+    text = emit(tiles, CUDA).text
+    combine = text.split("__syncthreads_or(")[1]
+    # pv_rf's rows are whole 16-byte pieces (3 splits x 16 columns of f32), the statistics' are 12 bytes
+    assert combine.count("pf::cp_async16(&pf_to[pf_g], &pf_from[pf_g], true);") == 1
+    assert combine.count("pf_to[pf_g] = pf_from[pf_g];") == 2
+    assert combine.index("pf::cp_async_wait<0>();") < combine.index("// row group: row_max")
+    # every read of the partials after the copies is of the shared copies
+    reads = combine.split("pf::cp_async_wait<0>();")[1]
+    assert "pf_staged_pv_rf[" in reads and not re.search(r"(?<!\w)(pv_rf|row_max_rf|row_sum_rf)\[", reads)
+
+
+def test_without_cp_async_the_copies_go_through_registers():
+    source = emit(_tiles("attn_global", ANY_SPLIT, target="hip"), HIP)
+    combine = source.text.split("__syncthreads_or(")[1]
+    assert "pf_to[pf_g] = pf_from[pf_g];" in combine and "cp_async" not in combine
+
+
+def test_rows_of_odd_bytes_are_copied_element_by_element():
+    # inertia's split-k partials: three floats per row (12 bytes) and a 3x3 centre (36 bytes)
+    op = ops.get("inertia")
+    sizes = op.sizes("default")
+    tiles = to_tiles(default_schedule("inertia", "default", op.program("default", **sizes), target="cuda").program)
+    _, plan = gpu_plan(tiles, CUDA)
+    (kernel,) = [k for k in plan.kernels if k.fold is not None]
+    assert {p.nbytes % 16 for p in kernel.fold.staged} != {0}
+    combine = emit(tiles, CUDA).text.split("__syncthreads_or(")[1]
+    assert "const float* pf_from = reinterpret_cast<const float*>(&center_rf[" in combine
+    assert "pf_to[pf_g] = pf_from[pf_g];" in combine
+
+
+def test_the_option_off_and_oversized_partials_read_from_memory_and_say_why():
+    tiles = _tiles("attn_global", ANY_SPLIT)
+    off = CUDA.with_options(stage_partials=False)
+    _, plan = gpu_plan(tiles, off)
+    assert plan.kernels[0].fold.staged == () and "its partials read from memory: CodegenOptions.stage_partials is off" \
+        in str(plan)
+    assert "pf_staged" not in emit(tiles, off).text
+    # grouped heads at the bench size: 8 query heads x 32 splits x 128 columns of f32 per row (131 KB) would leave
+    # one block per SM where four run
+    op = ops.get("attn_gqa")
+    big = _tiles("attn_gqa", **op.presets["decode"])
+    (kernel,) = gpu_plan(big, ANY_FOLD)[1].kernels
+    assert kernel.fold is not None and kernel.fold.staged == ()
+    assert kernel.fold.unstaged.startswith("copied, the partials would take the kernel's shared memory to")
 
 
 # ------------------------------------------------------------------ the runtime
@@ -350,6 +411,8 @@ def _folded_against_two_launches(op, mode: str, sizes: dict, sch: Schedule, spli
 
     try:
         folded = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=True, fold_serial=64))
+        unstaged = build(sch, "cuda", sizes=sizes, werror=True,
+                         codegen=CodegenOptions(fold_combine=True, fold_serial=64, stage_partials=False))
         two = build(sch, "cuda", sizes=sizes, werror=True, codegen=CodegenOptions(fold_combine=False))
     except BackendUnavailable as err:
         pytest.skip(str(err))
@@ -360,9 +423,11 @@ def _folded_against_two_launches(op, mode: str, sizes: dict, sch: Schedule, spli
         for variant in VARIANTS:
             inputs = op.inputs(3, mode, sizes, magnitude, variant)
             reference = op.reference(inputs, mode, sizes)
-            first, second = folded.run(inputs), folded.run(inputs)
+            first, second, third = folded.run(inputs), folded.run(inputs), unstaged.run(inputs)
             for key, value in first.items():
                 assert np.array_equal(value, second[key], equal_nan=True), f"{variant}: a second launch differs"
+                # the staged copies are what the reads from memory return: the same bits
+                assert np.array_equal(value, third[key], equal_nan=True), f"{variant}: staged partials differ"
             where = f"{variant} at magnitude {magnitude:g}"
             result = ops.compare(first, reference, tolerance)
             assert result.ok, f"{where}: {result.line()} worst {result.worst}"

@@ -186,6 +186,10 @@ class CFamilyEmitter:
         return text
 
     def access(self, tensor: Tensor, index: tuple[Index, ...], env: dict[str, str]) -> str:
+        return f"{tensor.name}[{self.offset(tensor, self.indices(index, env))}]"
+
+    def indices(self, index: tuple[Index, ...], env: dict[str, str]) -> list[str]:
+        """C text of each dimension's index of an access under ``env``."""
         idx = []
         for i in index:
             if isinstance(i, Gather):
@@ -195,7 +199,7 @@ class CFamilyEmitter:
                 idx.append(env[i.axis] if start == "(0)" else f"({start} + {env[i.axis]})")
             else:
                 idx.append(self.scalar(i, env))
-        return f"{tensor.name}[{self.offset(tensor, idx)}]"
+        return idx
 
     # ------------------------------------------------------------ expressions
     def scalar(self, e: Expr, env: dict[str, str]) -> str:

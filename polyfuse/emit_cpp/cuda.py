@@ -99,6 +99,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.guards: dict[Expr, str] = {}
         """The flag of each such divisor taken only where its row passed ``pf::rcp_normal``."""
         self.resident: dict[str, resident.Resident] = {}
+        self.staged: dict[str, fold.StagedPartial] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
         self.synced_at = -1
         """The number of lines printed when the last block barrier was (:meth:`barrier`)."""
@@ -263,10 +264,13 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
 
     def access(self, tensor, index, env: dict[str, str]) -> str:
         """An access; to the shared copy where the loop being emitted keeps the tensor
-        (:mod:`~polyfuse.emit_cpp.resident`)."""
+        (:mod:`~polyfuse.emit_cpp.resident`) or a folded combine staged its partials (:mod:`~polyfuse.emit_cpp.fold`)."""
         kept = self.resident.get(tensor.name)
         if kept is not None:
             return f"{kept.name}[{kept.at(env, index)}]"
+        staged = self.staged.get(tensor.name)
+        if staged is not None:
+            return fold.staged_access(staged, self.indices(index[len(staged.row):], env))
         return super().access(tensor, index, env)
 
     def offset(self, tensor, idx: list[str]) -> str:

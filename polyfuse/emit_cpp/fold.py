@@ -29,7 +29,18 @@ leaves them dirty, and then the scratch buffers are suspect anyway.)
    the block's threads (checked on the partial's plan, :func:`refuse_for_plan`).
 
 The combine is planned for the partial's threads; its shared memory reuses the partial's (the ticket's barrier
-lies between them), so the kernel takes the larger of the two.  Example, decode attention (grid ``b, i, h``,
+lies between them), so the kernel takes the larger of the two.
+
+**Staged partials** (the options' ``stage_partials``).  The combine reads each row's partials from global memory,
+statement after statement — the maximum, then the rescaled sums, then the rescaled columns — and its column
+blocks one after another, each statement a round trip to the L2 on the critical path of the launch: the last
+row's combine starts only when its last partial is written, and nothing else runs then.  Where each partial
+tensor the combine reads is, in every read, at one index in its leading dimensions that depends on the row
+alone, and whole in the rest (a contiguous block of 16-byte multiples: decode's ``row_max_rf[b, i, h, 0, 0, 0,
+:]`` and ``pv_rf[b, i, h, 0, 0, 0, :, :]``), the last block copies those blocks into shared memory at once (one
+round trip, ``cp.async`` where the device has it), and the combine reads them there.  Planned where the copies
+fit beside the combine's own shared memory without fewer blocks of the kernel on an SM; the copies are what
+the global reads would have returned, so values are unchanged.  Example, decode attention (grid ``b, i, h``,
 split ``j_0 < 4``; combine ``b, i, h`` and column block ``ax0_0 < 2``)::
 
     partial: store(row_max_rf[b, i, h, 0, 0, 0, j_0], ...)
@@ -40,15 +51,18 @@ is one kernel of ``b·i·h·4`` blocks; the last of the four of a row runs ``for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from polyfuse.emit_cpp.vector import VECTOR_BYTES
 
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.simplify import simplify
 from polyfuse.ir.stmt import INPUT, TEMP, Tensor
 from polyfuse.tiling.grid import CTA, GridNest
-from polyfuse.tiling.htile import Index, TileLoad, TileStore, walk_tile_expr, walk_tile_stmts
+from polyfuse.tiling.htile import Gather, Index, Slice, TileLoad, TileStore, walk_tile_expr, walk_tile_stmts
 
 if TYPE_CHECKING:
     from polyfuse.emit_cpp.cuda import CudaEmitter
@@ -70,6 +84,27 @@ class GridAxis:
 
 
 @dataclass(frozen=True)
+class StagedPartial:
+    """The partials of one row that a folded combine reads, copied into shared array ``name`` (from byte
+    ``offset``) before it: ``tensor`` at ``row`` in its leading dimensions, its last ``len(extents)`` whole."""
+
+    tensor: Tensor
+    row: tuple[Expr, ...]
+    extents: tuple[int, ...]
+    offset: int
+    name: str
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.extents) * max(1, self.tensor.dtype.bits // 8)
+
+    def describe(self) -> str:
+        whole = ", ".join(":" for _ in self.extents)
+        return (f"{self.tensor.name}[{', '.join(map(str, self.row))}, {whole}] ({self.nbytes} bytes at "
+                f"{self.offset})")
+
+
+@dataclass(frozen=True)
 class CombineFold:
     """A combine run at the end of its partial kernel by the last block of each row.
 
@@ -82,6 +117,12 @@ class CombineFold:
     splits: tuple[GridAxis, ...]
     serial: tuple[GridAxis, ...]
     counter: Tensor
+    staged: tuple[StagedPartial, ...] = ()
+    """The partials copied into shared memory before the combine (:func:`stage`); empty: read from memory."""
+    copy_async: bool = False
+    """Whether those copies are ``cp.async`` (else 16-byte loads and stores through registers)."""
+    unstaged: str = ""
+    """Why the combine reads its partials from memory (the options, their layout, or the shared memory)."""
 
     @property
     def split_count(self) -> Expr:
@@ -91,8 +132,10 @@ class CombineFold:
         rows = ", ".join(lp.var.name for lp in self.rows) or "the whole grid"
         splits = " x ".join(map(str, self.splits))
         serial = f", its column blocks {' x '.join(map(str, self.serial))} one after another" if self.serial else ""
+        staged = (f"; the row's partials copied into shared memory first: {', '.join(p.describe() for p in self.staged)}"
+                  if self.staged else f"; its partials read from memory: {self.unstaged}" if self.unstaged else "")
         return (f"split-k combine folded in: the last of the {splits} blocks of each row ({rows}) combines{serial}; "
-                f"one ticket per row in {self.counter.name} (zeroed at allocation, reset by that block)")
+                f"one ticket per row in {self.counter.name} (zeroed at allocation, reset by that block){staged}")
 
 
 def plan_fold(partial: GridNest, combine: GridNest, name: str, tensors: dict[str, Tensor],
@@ -134,6 +177,49 @@ def plan_fold(partial: GridNest, combine: GridNest, name: str, tensors: dict[str
     return CombineFold(axes(rows), axes(splits), axes(serial), counter)
 
 
+def stage(fold: CombineFold, partial: GridNest, combine: GridNest, tensors: dict[str, Tensor],
+          shared: frozenset[str], start: int) -> tuple[StagedPartial, ...] | str:
+    """The partials of a row that the combine reads, laid out from byte ``start`` of shared memory (each at a
+    16-byte boundary), or why they are read from memory: each must be read, in every read, at one index of its
+    leading dimensions that depends on the row's variables alone, and whole in the rest (constant extents)."""
+    written, _ = _accesses(partial.body, shared, tensors)
+    _, c_read = _accesses(combine.body, shared, tensors)
+    row_vars = {a.var.name for a in fold.rows}
+    staged: list[StagedPartial] = []
+    offset = -(-start // VECTOR_BYTES) * VECTOR_BYTES
+    for name in sorted(set(written) & set(c_read)):
+        tensor, indices = tensors[name], c_read[name]
+        lead = 0
+        while lead < len(tensor.shape) and _row_index([i[lead] for i in indices], row_vars):
+            lead += 1
+        extents = tuple(_constant(d) for d in tensor.shape[lead:])
+        if lead == 0 or not extents:
+            return f"the combine reads {name} at indices not pinned by the row ({_where(indices)})"
+        if any(e is None for e in extents):
+            return f"{name}'s dimensions past the row are not constants"
+        part = StagedPartial(tensor, tuple(indices[0][:lead]), extents, offset, f"pf_staged_{name}")
+        staged.append(part)
+        offset += -(-part.nbytes // VECTOR_BYTES) * VECTOR_BYTES
+    if not staged:
+        return "the combine reads no partials"
+    return tuple(staged)
+
+
+def _row_index(column: list[Index], row_vars: set[str]) -> bool:
+    """Whether every read has the same index in this dimension, an expression of the row's variables alone."""
+    first = column[0]
+    if isinstance(first, (Slice, Gather)) or any(i != first for i in column[1:]):
+        return False
+    return all(v.name in row_vars for v in walk_tile_expr(first) if isinstance(v, Var))
+
+
+def _constant(e) -> int | None:
+    if isinstance(e, int):
+        return e
+    e = simplify(e) if isinstance(e, Expr) else e
+    return int(e.value) if isinstance(e, Const) else None
+
+
 def serial_blocks(fold: CombineFold) -> int | None:
     """How many blocks of the combine the last block of a row runs one after another (None: not a number)."""
     count = _product(a.extent for a in fold.serial)
@@ -165,14 +251,56 @@ def emit(em: CudaEmitter, fold: CombineFold, combine: KernelPlan) -> None:
     em.line(f"if (!__syncthreads_or(pf_tid == 0 && pf_ticket == {em.scalar(fold.split_count, {})} - 1)) return;")
     em.line(f"if (pf_tid == 0) {counter}[{row}] = 0;  // the next launch's tickets start at 0")
     em.scratch = 0
+    _copy_staged(em, fold)
     t = em.widths.loop
     for lp in fold.serial:
         v = lp.var.name
         em.open(f"for ({t} {v} = 0; {v} < {em.scalar(lp.extent, {})}; ++{v})")
+    outer, em.staged = em.staged, {p.tensor.name: p for p in fold.staged}
     em.nest_part(combine, scoped=True)
+    em.staged = outer
     for _ in fold.serial:
         em.barrier()  # the next column block reuses the shared memory
         em.close()
+
+
+def _copy_staged(em: CudaEmitter, fold: CombineFold) -> None:
+    """The row's partials into their shared arrays, every copy issued before any is waited for."""
+    if not fold.staged:
+        return
+    em.line("// the row's partials, into shared memory at once")
+    for p in fold.staged:
+        ctype = em.stype(p.tensor.dtype)
+        em.line(f"{ctype}* {p.name} = reinterpret_cast<{ctype}*>(pf_smem + {p.offset});")
+        em.peak = max(em.peak, p.offset + p.nbytes)
+    for p in fold.staged:
+        src = em.access(p.tensor, p.row + (Const(0, dt.i64),) * len(p.extents), {})
+        # 16 bytes at a time where the row is whole 16-byte pieces (it starts at a multiple of its size), else
+        # element by element through registers
+        vector = p.nbytes % VECTOR_BYTES == 0
+        unit = "uint4" if vector else em.stype(p.tensor.dtype)
+        count = p.nbytes // VECTOR_BYTES if vector else math.prod(p.extents)
+        em.open("")
+        em.line(f"const {unit}* pf_from = reinterpret_cast<const {unit}*>(&{src});")
+        em.line(f"{unit}* pf_to = reinterpret_cast<{unit}*>({p.name});")
+        em.line("#pragma unroll 4")
+        em.open(f"for (int pf_g = pf_tid; pf_g < {count}; pf_g += {em.threads})")
+        em.line("pf::cp_async16(&pf_to[pf_g], &pf_from[pf_g], true);" if vector and fold.copy_async
+                else "pf_to[pf_g] = pf_from[pf_g];")
+        em.close()
+        em.close()
+    if fold.copy_async and any(p.nbytes % VECTOR_BYTES == 0 for p in fold.staged):
+        em.line("pf::cp_async_commit();")
+        em.line("pf::cp_async_wait<0>();")
+    em.barrier()
+
+
+def staged_access(p: StagedPartial, idx: list[str]) -> str:
+    """The element of ``p``'s shared copy at the access indices ``idx`` of its whole dimensions (32-bit)."""
+    text = ""
+    for extent, i in zip(p.extents, idx, strict=True):
+        text = f"({i})" if not text else f"({text} * {extent} + {i})"
+    return f"{p.name}[{text}]"
 
 
 def _accesses(body, shared: frozenset[str], tensors: dict[str, Tensor]

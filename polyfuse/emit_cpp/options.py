@@ -106,6 +106,10 @@ class CodegenOptions:
     the combine one after another (more run in parallel in a launch of their own: a long serial combine costs
     more than the launch it saves, as MLA decode's does; benchmarks/results has the measurements); off: its
     own launch after the partial kernel.
+    ``stage_partials``: there, the last block copies its row's partials into shared memory at once before it
+    combines them (one round trip to the L2 instead of one per statement and column block), where they are
+    contiguous per row and fit without fewer blocks per SM (:func:`~polyfuse.emit_cpp.fold.stage`); values are
+    unchanged.
     ``stream_ahead``: a loop outside warp fragments that keeps its products' operand tiles in shared memory keeps
     every operand that changes with it, in two halves, and copies the next iteration's while it computes this one
     (the invariant tiles and the first iteration's before the loop: :mod:`~polyfuse.emit_cpp.stream`); off: each
@@ -169,6 +173,7 @@ class CodegenOptions:
     row_registers: int = 64
     fold_combine: bool = True
     fold_serial: int = 2
+    stage_partials: bool = True
     stream_ahead: bool = True
     refill_tiles: bool = True
     streaming_loads: bool = True

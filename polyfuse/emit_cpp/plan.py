@@ -296,12 +296,36 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
     except UnsupportedPattern as err:
         return f"the combine does not fit a block of the partial kernel's {partial.threads} threads: {err}"
     peak = max(partial.peak, plan.peak)
+    fold = _staged(fold, partial, combine, plan, tensors, shared, frame, device, peak)
+    if fold.staged:
+        peak = max(peak, fold.staged[-1].offset + fold.staged[-1].nbytes)
     resident_blocks = min(partial.blocks_per_sm or device.blocks_per_sm(peak), device.blocks_per_sm(peak))
     asked = partial.min_blocks
     if asked is not None and resident_blocks < asked:
         asked = resident_blocks if resident_blocks > 1 else None
     return dataclasses.replace(partial, peak=peak, blocks_per_sm=resident_blocks, min_blocks=asked, fold=fold,
                                folded=plan)
+
+
+def _staged(fold: fold_.CombineFold, partial: KernelPlan, combine: GridNest, plan: KernelPlan,
+            tensors: dict[str, Tensor], shared: frozenset[str], frame: Frame, device: DeviceSpec,
+            peak: int) -> fold_.CombineFold:
+    """``fold`` with the row's partials copied into shared memory after the combine's own (:func:`fold_.stage`),
+    where the options ask for it and the copies let as many blocks of the kernel run on an SM; else with why not."""
+    if not frame.options.stage_partials:
+        return dataclasses.replace(fold, unstaged="CodegenOptions.stage_partials is off")
+    staged = fold_.stage(fold, partial.nest, combine, tensors, shared, plan.peak)
+    if isinstance(staged, str):
+        return dataclasses.replace(fold, unstaged=staged)
+    needed = staged[-1].offset + staged[-1].nbytes
+    if needed > device.shared_per_block:
+        return dataclasses.replace(fold, unstaged=(
+            f"copied, the partials would take {needed} bytes of shared memory, more than a block may have"))
+    if device.resident_blocks(max(peak, needed), partial.threads) < device.resident_blocks(peak, partial.threads):
+        return dataclasses.replace(fold, unstaged=(
+            f"copied, the partials would take the kernel's shared memory to {needed} bytes, and fewer of its blocks "
+            f"would run on an SM"))
+    return dataclasses.replace(fold, staged=staged, copy_async=device.cp_async)
 
 
 def _plan_kernel(nest: GridNest, name: str, frame: Frame, device: DeviceSpec) -> KernelPlan:
