@@ -243,6 +243,27 @@ def unguarded(term: Expr) -> Expr:
     return map_expr(term, strip)
 
 
+def guarded_rows(term: Expr, loads_: Sequence[Load], producers: Mapping[Load, Block], identity: object) -> set[Load]:
+    """The producer values among ``loads_`` at whose infinite identity ``term`` is the consumer's ``identity``
+    as a whole: an earlier fusion guarded it (``select(r == -inf, 0, …)``, :func:`guard_term`: the local term of
+    a split whose producer holds only masked elements).  In the program being transformed, a row whose elements
+    all leave such a producer at its identity is then the identity, not ``exp(-inf - -inf)``: the repair keeps
+    its accumulator there instead of computing that NaN (``final_identity``)."""
+    found: set[Load] = set()
+    while isinstance(term, Select) and isinstance(term.true_value, Const) and term.true_value.value == identity:
+        conds, tested = [term.cond], set()
+        while conds:
+            c = conds.pop()
+            if isinstance(c, BinOp) and c.op == "or":
+                conds += [c.a, c.b]
+            elif isinstance(c, BinOp) and c.op == "==" and isinstance(c.a, Load) and isinstance(c.b, Const):
+                tested.add((c.a, c.b.value))
+        found |= {ld for ld in loads_ if ld in producers and infinite_identity(producers[ld])
+                  and (ld, producers[ld].reducer.identity.value) in tested}  # type: ignore[union-attr]
+        term = term.false_value
+    return found
+
+
 def _term_operand(block: Block) -> Expr | None:
     """Of ``X = A ⊕ B``, the operand that does not read X (None if not exactly one)."""
     value, acc = block.store.value, Load(block.store.tensor, block.store.indices)

@@ -78,7 +78,7 @@ from polyfuse.transforms.dataflow import (
     spatial_loops_between, under,
 )
 from polyfuse.transforms.fusion_common import (
-    Fusion, guard_term, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
+    Fusion, guard_term, guarded_rows, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
 )
 from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_rolling_loop
@@ -134,6 +134,10 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
                                          signs=declared_signs(program, signs, what),
                                          call=("rolling_update", f'sch.loop("{loop_block}", "{loop}")'))
+    consumer = program.block(block)
+    self_guarded = guarded_rows(consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
+                                {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads},
+                                consumer.reducer.identity.value)  # type: ignore[union-attr]
 
     # Step 4b. A state repair (no single h): the auxiliary reductions join the consumer, right after it.
     states: list[tuple[str, Repair | None]] = [(block, repair)]
@@ -205,7 +209,8 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
             if h is None or h.is_identity:
                 continue
             state = _state_before(program.block(name), accumulators)
-            final_identity = {ld: p.reducer.identity for ld, p in guards if final[ld]}  # type: ignore[union-attr]
+            final_identity = {ld: p.reducer.identity for ld, p in guards  # type: ignore[union-attr]
+                              if final[ld] and ld not in self_guarded}
             program = _apply_repair(program, name, loop, h, old, new, producers_of, state, final_identity)
 
     elif fixes_term and numerics is not None:

@@ -79,7 +79,8 @@ from polyfuse.transforms.dataflow import (
     body_children, child_containing, naive_fuse_aligned, producers_in_place, rolled_by, under,
 )
 from polyfuse.transforms.fusion_common import (
-    Fusion, guard_term, infinite_identity, repaired_update, replace_block, solve_for, surrogate, with_surrogates,
+    Fusion, guard_term, guarded_rows, infinite_identity, repaired_update, replace_block, solve_for, surrogate,
+    with_surrogates,
 )
 from polyfuse.transforms.fuse_siblings import fuse_siblings, reads_under, sibling_anchor
 from polyfuse.transforms.fusion_loops import require_split_loop
@@ -144,6 +145,10 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
                                          signs=declared_signs(program, signs, what),
                                          call=("split_k_update", f'sch.loop("{loop_block}", "{loop}")'))
+    consumer = program.block(block)
+    self_guarded = guarded_rows(consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
+                                {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads},
+                                consumer.reducer.identity.value)  # type: ignore[union-attr]
     aux_blocks: list[str] = []
     counts: dict[str, Expr] = {}
     if repair is not None and repair.auxiliaries:
@@ -223,7 +228,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
         state = _partial_state(glob, [program.block(name).store.tensor for name in locals_])
         producers_of = {ld: program.block(tensors[ld.tensor.name]) for ld in old}
         final_identity = {ld: p.reducer.identity for ld, p in producers_of.items()  # type: ignore[union-attr]
-                          if numerics is not None and ld in numerics.guards}
+                          if numerics is not None and ld in numerics.guards and ld not in self_guarded}
         program = replace_block(program, repaired_update(glob, repair, "term", old, {ld: ld for ld in r_loads},
                                                          state, producers_of, final_identity=final_identity))
     fusion = Fusion("split_k_update", block, loop, tuple(producers), found.maps, tuple(broken), repair,
