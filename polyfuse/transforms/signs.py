@@ -122,9 +122,11 @@ def sign_of(e: Expr, signs: Mapping[str, str]) -> str | None:
     try:
         g = to_sympy(e, table)[0]
         b = bound(g)
-    except PolyfuseError:
+        positive = g.is_positive  # sympy's assumptions (exp of a real is > 0), as the repair solver reads them
+    except (PolyfuseError, TypeError, ValueError, NotImplementedError, RecursionError):
+        # (sympy's Piecewise can recurse without end on nested selects, fuzz seed 270041): the sign is unknown
         return None
-    if g.is_positive:  # sympy's assumptions (exp of a real is > 0), as the repair solver reads them
+    if positive:
         return "positive"
     if b.lo > 0 or (b.lo == 0 and not b.lo_in):
         return "positive"
