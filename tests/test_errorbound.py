@@ -208,6 +208,17 @@ def test_a_select_on_an_uncertain_condition_covers_the_other_branch():
     assert v == 5.0 and e <= 8 * U32  # 0·x is exactly 0: the condition is certain
 
 
+def test_a_surrogate_is_a_choice_the_exact_program_makes_too():
+    # select(s == 0, τ, s): the reference point a repair rescales from (fuzz seed 237000: a rolled chain over a max
+    # of squares that underflowed to 0). s is 0 here though its exact value is 2^-25: the bound is the chosen
+    # branch's (τ is exact), where a guard of the same shape with another constant covers the other branch.
+    tiny = float(np.finfo(np.float32).tiny)
+    (v,), (e,) = _bounded(_of_sum(lambda s: 1.0 / select(eq(s, 0.0), tiny, s)), x=LOST)["y"]
+    assert v == 1.0 / tiny and e <= 2 * U32 / tiny
+    (_,), (e,) = _bounded(_of_sum(lambda s: 1.0 / select(eq(s, 0.0), 2 * tiny, s)), x=LOST)["y"]
+    assert np.isinf(e)
+
+
 def test_an_input_equal_to_a_short_binary_threshold_is_a_certain_comparison():
     # 0.5 is what it says; 0.1 stands for a rounded real, so an input equal to it may be on either side
     x = np.array([[0.5, 0.1]], np.float64)

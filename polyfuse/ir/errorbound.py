@@ -24,7 +24,11 @@ A comparison of values that carry error may come out differently in exact arithm
 ``|a - b| ≤ e_a + e_b`` (and the bounds are not both 0) its result is *uncertain* (an infinite bound on a
 boolean), and a ``select`` on an uncertain condition covers the other branch too: its bound is
 ``max(e_chosen, |chosen - other| + e_other)``.  That is how a guard such as ``select(x == 0, x, x·q)``
-that hides a singular or lost value shows: its bound stays large.  Non-finite results get an infinite
+that hides a singular or lost value shows: its bound stays large.  One select is a choice, not an approximation:
+a repair's *surrogate* ``select(r == 0, τ, r)`` (τ the smallest normal number of r's dtype,
+:mod:`polyfuse.transforms.numerics` condition 1) picks the reference point a repair rescales from, and the repair
+is exact for any reference point, so the exact program may make the computed program's choice: its bound is the
+chosen branch's, however uncertain ``r == 0`` is (a mass that underflowed to 0 is τ in both).  Non-finite results get an infinite
 bound, except where they are exact consequences of exact operands (``-inf`` as a max identity,
 ``x - (-inf)``, a division by an exact 0); an overflow of finite operands is not exact.  Uninitialised
 temporaries (NaN) have infinite bounds.
@@ -155,7 +159,8 @@ def propagate(e: BinOp | Call | Select | Cast, values: list[Value], errors: list
     """The error bound of ``r``, the value of ``e`` on operands ``values`` with bounds ``errors``."""
     a = [np.asarray(v, dtype=np.float64) for v in values]
     if isinstance(e, Select):
-        return _select(a, errors)
+        # a surrogate's choice is the exact program's too: the chosen branch's bound
+        return np.where(a[0] != 0, errors[1], errors[2]) if _surrogate(e) else _select(a, errors)
     if isinstance(e, BinOp) and e.dtype.is_bool:
         return _boolean(e.op, a, errors)
     if isinstance(e, Call) and e.fn == "not":
@@ -299,6 +304,23 @@ def _boolean(op: str, a: list[np.ndarray], errors: list[Value]) -> Value:
         width = ex + ey
         uncertain = (width > 0) & ~(np.abs(x - y) > width)
     return np.where(uncertain, _INF, _ZERO)
+
+
+def _surrogate(e: Select) -> bool:
+    """Whether ``e`` is a repair's surrogate ``select(r == 0 [and …], τ, r)``: a choice of reference point (see the
+    module docstring)."""
+    r, tiny = e.false_value, e.true_value
+    if not (isinstance(tiny, Const) and tiny.dtype.is_float and tiny.dtype.name in _TINY
+            and tiny.value == _TINY[tiny.dtype.name]):
+        return False
+    conds = [e.cond]
+    while conds:
+        c = conds.pop()
+        if isinstance(c, BinOp) and c.op == "and":
+            conds += [c.a, c.b]
+        elif isinstance(c, BinOp) and c.op == "==" and c.a == r and isinstance(c.b, Const) and c.b.value == 0:
+            return True
+    return False
 
 
 def _select(a: list[np.ndarray], errors: list[Value]) -> Value:
