@@ -288,8 +288,8 @@ def _term_sign(term: Expr, signs: dict[str, str]) -> bool:
             table.bind(ld, ld.tensor.name, **{signs[ld.tensor.name]: True})
     try:
         return bound(to_sympy(term, table)[0]).lo >= 0
-    except PolyfuseError:
-        return False
+    except (PolyfuseError, TypeError, ValueError, NotImplementedError, RecursionError):
+        return False  # (sympy could not evaluate the term, as in signs.sign_of): not known to be >= 0
 
 
 def infinite_identity(block: Block) -> bool:
