@@ -20,7 +20,7 @@ from polyfuse.ir.visit import free_vars, loads, map_expr, substitute
 from polyfuse.transforms.auxiliary import plain_sum
 from polyfuse.transforms.numerics import MapDefinition, ProducerFacts, expand_maps, in_loops
 from polyfuse.transforms.repair import Repair, reducer_kind, solve_repair
-from polyfuse.transforms.signs import missing_signs, value_signs
+from polyfuse.transforms.signs import missing_signs, sign_of, value_signs
 from polyfuse.transforms.tree import loops_of, map_blocks
 
 
@@ -139,7 +139,7 @@ def producer_facts(program: Program, consumer: Block, load: Load, producer: Bloc
     block, term, repaired = found
     term = unguarded(term)
     at = _at_consumer(program, consumer, block, term)
-    sign = _term_sign(at, signs)
+    sign = sign_of(at, signs) is not None
     init = producer.init
     init_ok = init is None or init == producer.reducer.identity or (  # type: ignore[union-attr]
         isinstance(init, Const) and float(init.value) >= 0)
@@ -275,21 +275,6 @@ def _term_operand(block: Block) -> Expr | None:
     if reads == [False, True]:
         return value.a
     return None
-
-
-def _term_sign(term: Expr, signs: dict[str, str]) -> bool:
-    """True when every value of ``term`` is >= 0 (from its structure and the signs of what it reads)."""
-    from polyfuse.transforms.intervals import bound
-    from polyfuse.symbolic import SymbolTable, to_sympy
-
-    table = SymbolTable()
-    for ld in loads(term):
-        if ld.tensor.name in signs:
-            table.bind(ld, ld.tensor.name, **{signs[ld.tensor.name]: True})
-    try:
-        return bound(to_sympy(term, table)[0]).lo >= 0
-    except (PolyfuseError, TypeError, ValueError, NotImplementedError, RecursionError):
-        return False  # (sympy could not evaluate the term, as in signs.sign_of): not known to be >= 0
 
 
 def infinite_identity(block: Block) -> bool:
