@@ -99,8 +99,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.guards: dict[Expr, str] = {}
         """The flag of each such divisor taken only where its row passed ``pf::rcp_normal``."""
         self.resident: dict[str, resident.Resident] = {}
-        self.staged: dict[str, fold.StagedPartial] = {}
         """Global temporaries kept in shared memory across the loops being emitted, by tensor."""
+        self.staged: dict[str, fold.StagedPartial] = {}
+        """The partials a folded combine being emitted reads from its shared copies, by tensor."""
         self.synced_at = -1
         """The number of lines printed when the last block barrier was (:meth:`barrier`)."""
         self.refills: tuple[stream.StreamPlan, Loop] | None = None

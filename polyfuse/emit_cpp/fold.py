@@ -36,9 +36,10 @@ statement after statement — the maximum, then the rescaled sums, then the resc
 blocks one after another, each statement a round trip to the L2 on the critical path of the launch: the last
 row's combine starts only when its last partial is written, and nothing else runs then.  Where each partial
 tensor the combine reads is, in every read, at one index in its leading dimensions that depends on the row
-alone, and whole in the rest (a contiguous block of 16-byte multiples: decode's ``row_max_rf[b, i, h, 0, 0, 0,
-:]`` and ``pv_rf[b, i, h, 0, 0, 0, :, :]``), the last block copies those blocks into shared memory at once (one
-round trip, ``cp.async`` where the device has it), and the combine reads them there.  Planned where the copies
+alone, and whole in the rest (a contiguous block: decode's ``row_max_rf[b, i, h, 0, 0, 0, :]`` and ``pv_rf[b, i,
+h, 0, 0, 0, :, :]``), the last block copies those blocks into shared memory at once (one round trip: 16 bytes at a
+time, by ``cp.async`` where the device has it, or element by element where a row is not whole 16-byte pieces),
+and the combine reads them there.  Planned where the copies
 fit beside the combine's own shared memory without fewer blocks of the kernel on an SM; the copies are what
 the global reads would have returned, so values are unchanged.  Example, decode attention (grid ``b, i, h``,
 split ``j_0 < 4``; combine ``b, i, h`` and column block ``ax0_0 < 2``)::
@@ -55,8 +56,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from polyfuse.emit_cpp.fragment_values import constant
 from polyfuse.emit_cpp.vector import VECTOR_BYTES
-
 from polyfuse.ir import dtypes as dt
 from polyfuse.ir.expr import BinOp, Const, Expr, Var
 from polyfuse.ir.simplify import simplify
@@ -98,6 +99,11 @@ class StagedPartial:
     def nbytes(self) -> int:
         return math.prod(self.extents) * max(1, self.tensor.dtype.bits // 8)
 
+    @property
+    def end(self) -> int:
+        """The shared-memory byte after the copy."""
+        return self.offset + self.nbytes
+
     def describe(self) -> str:
         whole = ", ".join(":" for _ in self.extents)
         return (f"{self.tensor.name}[{', '.join(map(str, self.row))}, {whole}] ({self.nbytes} bytes at "
@@ -120,7 +126,7 @@ class CombineFold:
     staged: tuple[StagedPartial, ...] = ()
     """The partials copied into shared memory before the combine (:func:`stage`); empty: read from memory."""
     copy_async: bool = False
-    """Whether those copies are ``cp.async`` (else 16-byte loads and stores through registers)."""
+    """Whether the 16-byte copies are ``cp.async`` (else loads and stores through registers)."""
     unstaged: str = ""
     """Why the combine reads its partials from memory (the options, their layout, or the shared memory)."""
 
@@ -192,11 +198,12 @@ def stage(fold: CombineFold, partial: GridNest, combine: GridNest, tensors: dict
         lead = 0
         while lead < len(tensor.shape) and _row_index([i[lead] for i in indices], row_vars):
             lead += 1
-        extents = tuple(_constant(d) for d in tensor.shape[lead:])
-        if lead == 0 or not extents:
+        dims = [constant(simplify(d)) for d in tensor.shape[lead:]]
+        if lead == 0 or not dims:
             return f"the combine reads {name} at indices not pinned by the row ({_where(indices)})"
-        if any(e is None for e in extents):
+        if any(d is None for d in dims):
             return f"{name}'s dimensions past the row are not constants"
+        extents = tuple(int(d.value) for d in dims)  # type: ignore[union-attr]
         part = StagedPartial(tensor, tuple(indices[0][:lead]), extents, offset, f"pf_staged_{name}")
         staged.append(part)
         offset += -(-part.nbytes // VECTOR_BYTES) * VECTOR_BYTES
@@ -211,13 +218,6 @@ def _row_index(column: list[Index], row_vars: set[str]) -> bool:
     if isinstance(first, (Slice, Gather)) or any(i != first for i in column[1:]):
         return False
     return all(v.name in row_vars for v in walk_tile_expr(first) if isinstance(v, Var))
-
-
-def _constant(e) -> int | None:
-    if isinstance(e, int):
-        return e
-    e = simplify(e) if isinstance(e, Expr) else e
-    return int(e.value) if isinstance(e, Const) else None
 
 
 def serial_blocks(fold: CombineFold) -> int | None:
@@ -272,7 +272,7 @@ def _copy_staged(em: CudaEmitter, fold: CombineFold) -> None:
     for p in fold.staged:
         ctype = em.stype(p.tensor.dtype)
         em.line(f"{ctype}* {p.name} = reinterpret_cast<{ctype}*>(pf_smem + {p.offset});")
-        em.peak = max(em.peak, p.offset + p.nbytes)
+        em.peak = max(em.peak, p.end)
     for p in fold.staged:
         src = em.access(p.tensor, p.row + (Const(0, dt.i64),) * len(p.extents), {})
         # 16 bytes at a time where the row is whole 16-byte pieces (it starts at a multiple of its size), else

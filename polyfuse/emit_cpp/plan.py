@@ -298,7 +298,7 @@ def _fold(partial: KernelPlan, combine: GridNest, name: str, tensors: dict[str, 
     peak = max(partial.peak, plan.peak)
     fold = _staged(fold, partial, combine, plan, tensors, shared, frame, device, peak)
     if fold.staged:
-        peak = max(peak, fold.staged[-1].offset + fold.staged[-1].nbytes)
+        peak = max(peak, fold.staged[-1].end)
     resident_blocks = min(partial.blocks_per_sm or device.blocks_per_sm(peak), device.blocks_per_sm(peak))
     asked = partial.min_blocks
     if asked is not None and resident_blocks < asked:
@@ -317,7 +317,7 @@ def _staged(fold: fold_.CombineFold, partial: KernelPlan, combine: GridNest, pla
     staged = fold_.stage(fold, partial.nest, combine, tensors, shared, plan.peak)
     if isinstance(staged, str):
         return dataclasses.replace(fold, unstaged=staged)
-    needed = staged[-1].offset + staged[-1].nbytes
+    needed = staged[-1].end
     if needed > device.shared_per_block:
         return dataclasses.replace(fold, unstaged=(
             f"copied, the partials would take {needed} bytes of shared memory, more than a block may have"))
