@@ -243,12 +243,16 @@ def unguarded(term: Expr) -> Expr:
     return map_expr(term, strip)
 
 
-def guarded_rows(term: Expr, loads_: Sequence[Load], producers: Mapping[Load, Block], identity: object) -> set[Load]:
-    """The producer values among ``loads_`` at whose infinite identity ``term`` is the consumer's ``identity``
-    as a whole: an earlier fusion guarded it (``select(r == -inf, 0, …)``, :func:`guard_term`: the local term of
-    a split whose producer holds only masked elements).  In the program being transformed, a row whose elements
-    all leave such a producer at its identity is then the identity, not ``exp(-inf - -inf)``: the repair keeps
-    its accumulator there instead of computing that NaN (``final_identity``)."""
+def guarded_rows(program: Program, block: str, loads_: Sequence[Load], tensors: Mapping[str, str]) -> set[Load]:
+    """The producer values among ``loads_`` (the producers' blocks by tensor in ``tensors``) at whose infinite
+    identity ``block``'s term is its identity as a whole: an earlier fusion guarded it (``select(r == -inf, 0,
+    …)``, :func:`guard_term`: the local term of a split whose producer holds only masked elements).  In the
+    program being transformed, a row whose elements all leave such a producer at its identity is then the
+    identity, not ``exp(-inf - -inf)``: the repair keeps its accumulator there instead of computing that NaN
+    (``final_identity``)."""
+    consumer = program.block(block)
+    term, identity = consumer.reduce_term(), consumer.reducer.identity.value  # type: ignore[union-attr]
+    producers = {ld: program.block(tensors[ld.tensor.name]) for ld in loads_}
     found: set[Load] = set()
     while isinstance(term, Select) and isinstance(term.true_value, Const) and term.true_value.value == identity:
         conds, tested = [term.cond], set()
@@ -258,7 +262,7 @@ def guarded_rows(term: Expr, loads_: Sequence[Load], producers: Mapping[Load, Bl
                 conds += [c.a, c.b]
             elif isinstance(c, BinOp) and c.op == "==" and isinstance(c.a, Load) and isinstance(c.b, Const):
                 tested.add((c.a, c.b.value))
-        found |= {ld for ld in loads_ if ld in producers and infinite_identity(producers[ld])
+        found |= {ld for ld in loads_ if infinite_identity(producers[ld])
                   and (ld, producers[ld].reducer.identity.value) in tested}  # type: ignore[union-attr]
         term = term.false_value
     return found

@@ -134,10 +134,7 @@ def rolling_update(program: Program, *, block: str, loop_block: str, loop: str,
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
                                          signs=declared_signs(program, signs, what),
                                          call=("rolling_update", f'sch.loop("{loop_block}", "{loop}")'))
-    consumer = program.block(block)
-    self_guarded = guarded_rows(consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
-                                {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads},
-                                consumer.reducer.identity.value)  # type: ignore[union-attr]
+    self_guarded = guarded_rows(program, block, r_loads, tensors)
 
     # Step 4b. A state repair (no single h): the auxiliary reductions join the consumer, right after it.
     states: list[tuple[str, Repair | None]] = [(block, repair)]

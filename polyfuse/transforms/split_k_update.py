@@ -145,10 +145,7 @@ def split_k_update(program: Program, *, block: str, loop_block: str, loop: str,
     r_loads, tensors, repair = solve_for(program, block, producers, approximate=approximate, what=what,
                                          signs=declared_signs(program, signs, what),
                                          call=("split_k_update", f'sch.loop("{loop_block}", "{loop}")'))
-    consumer = program.block(block)
-    self_guarded = guarded_rows(consumer.reduce_term(), r_loads,  # type: ignore[arg-type]
-                                {ld: program.block(tensors[ld.tensor.name]) for ld in r_loads},
-                                consumer.reducer.identity.value)  # type: ignore[union-attr]
+    self_guarded = guarded_rows(program, block, r_loads, tensors)
     aux_blocks: list[str] = []
     counts: dict[str, Expr] = {}
     if repair is not None and repair.auxiliaries:
