@@ -34,7 +34,9 @@ import contextlib
 import math
 from collections.abc import Iterator
 
-from polyfuse.emit_cpp import fold, fragment_emit, onchip, presplit, registers, resident, rows, stagger, stream, tma
+from polyfuse.emit_cpp import (
+    fold, fragment_emit, groups, onchip, presplit, registers, resident, rows, stagger, stream, tma,
+)
 from polyfuse.emit_cpp.cfamily import (
     _REDUCE_INIT, _REDUCER_OP, SIZEOF, CFamilyEmitter, _Materialized, align16, axis_sizes, axis_var, reduce_lanes,
 )
@@ -110,6 +112,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.published: str | None = None
         """The first statement of an iteration whose tiles were copied ahead and published at its top
         (:func:`~polyfuse.emit_cpp.stream.top`): its dot needs no barrier of its own for them."""
+        self.group: groups.WarpGroups | None = None
+        """The warp groups running the loop being printed (:mod:`~polyfuse.emit_cpp.groups`): its barriers are
+        theirs and its shared memory one copy per group."""
         self.presplit = plan.presplit
         self.fast_exp = plan.fast_exp and self.fast_exp_function is not None
         """f32 ``exp`` is ``fast_exp_function`` (the plan's ``fast_exp``; this backend may have none)."""
@@ -152,6 +157,31 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             self.close()
             self.close()
 
+    @contextlib.contextmanager
+    def in_groups(self, g: groups.WarpGroups) -> Iterator[None]:
+        """Print a loop's body run by warp groups ``g``: ``pf_tid`` the thread of its group, :meth:`barrier` the
+        group's, the shared memory it takes one copy per group (``g.stride`` bytes apart, from ``pf_group``'s)."""
+        if self.group is not None:
+            raise InternalError(f"warp groups of loop {g.var} inside those of loop {self.group.var}")
+        mark, peak = self.scratch, self.peak
+        self.peak = mark
+        with self.threads_as(f"pf_tid % {g.threads}", g.threads):
+            self.group = g
+            try:
+                yield
+            finally:
+                self.group = None
+        if self.peak - mark > g.stride:
+            raise InternalError(f"loop {g.var}: a warp group's shared memory is planned as {g.stride} bytes, the "
+                                f"printed body takes {self.peak - mark}")
+        self.scratch, self.peak = mark, max(peak, mark + g.groups * g.stride)
+
+    @property
+    def block_threads(self) -> int:
+        """The threads of the block of the kernel being printed."""
+        assert self.kernel_plan is not None
+        return self.kernel_plan.threads
+
     def element_loop(self, header: str) -> None:
         """A loop over the elements a thread handles; unrolled (the options' ``element_unroll``) so their loads
         are in flight together."""
@@ -173,10 +203,11 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         return None if inverse is None else self.literal(inverse, d)
 
     def barrier(self) -> None:
-        """A block barrier; none right after another at the same place (nothing between them to order)."""
+        """A block barrier (the warp group's, inside a loop run by warp groups); none right after another at the
+        same place (nothing between them to order)."""
         if self.synced_at == len(self.lines):
             return
-        self.line("__syncthreads();")
+        self.line("__syncthreads();" if self.group is None else self.group.barrier)
         self.synced_at = len(self.lines)
 
     def warp_barrier(self) -> None:
@@ -200,6 +231,9 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         (:mod:`~polyfuse.emit_cpp.resident`), operand tiles (:mod:`~polyfuse.emit_cpp.stream`)."""
         assert self.kernel_plan is not None
         lp: LoopPlan = self.kernel_plan.loops[id(s)]
+        if lp.group is not None:
+            groups.emit(self, s, lp.group, lambda: self.stmt(s.body))
+            return
         if lp.fragments is not None:
             kept = tuple((t.buffer, t.nbytes) for t in lp.streams.kept) if lp.streams is not None else ()
             mark = self.scratch
@@ -292,13 +326,21 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         self.peak = max(self.peak, self.scratch)
         return offset
 
-    def shared_array(self, ctype: str, name: str, nbytes: int, planned: int | None = None, align: int = 16) -> None:
+    def shared_array(self, ctype: str, name: str, nbytes: int, planned: int | None = None, align: int = 16,
+                     per_group: groups.WarpGroups | None = None) -> None:
         """Declare ``name``: the next ``nbytes`` of shared memory (``align``-byte aligned; at byte ``planned``,
-        where the plan placed it)."""
-        offset = self.take(nbytes, align)
+        where the plan placed it); inside a loop run by warp groups, its group's copy; ``per_group``: a temporary
+        of such a loop declared at the top of the kernel, one copy per group."""
+        offset = self.take(nbytes if per_group is None else groups.copy_bytes(nbytes, per_group), align)
         if planned is not None and planned != offset:
             raise InternalError(f"shared array {name}: planned at byte {planned}, printed at {offset}")
-        self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>(pf_smem + {offset});")
+        if per_group is not None:
+            address = groups.copy_address(offset, nbytes, per_group)
+        elif self.group is not None:
+            address = f"pf_smem + {offset} + pf_group * {self.group.stride}"
+        else:
+            address = f"pf_smem + {offset}"
+        self.line(f"{ctype}* {name} = reinterpret_cast<{ctype}*>({address});")
 
     def decode(self, axes: tuple[str, ...], flat: str) -> dict[str, str]:
         """Declare the axis variables of the row-major element ``flat`` over ``axes``."""
@@ -642,7 +684,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
             if t.pitch is not None:
                 assert t.padded is not None
                 self.pitches[t.name] = (t.padded, t.pitch)
-            self.shared_array(t.ctype, t.name, t.nbytes, t.offset)
+            self.shared_array(t.ctype, t.name, t.nbytes, t.offset, per_group=t.groups)
         words = self.scratch // 4
         if words:
             self.line(f"for (int pf_z = pf_tid; pf_z < {words}; pf_z += {self.threads}) "

@@ -92,7 +92,7 @@ from polyfuse.tiling.htile import (
 )
 from polyfuse.tiling.inline import rename_axes
 from polyfuse.tiling.relax import bounds
-from polyfuse.tiling.parallel import allocated_at
+from polyfuse.tiling.parallel import allocated_at, on_warp_groups
 
 STRIP = M16N8.rows
 """Rows of a tile each warp owns (one m16 strip)."""
@@ -636,14 +636,15 @@ def epilogue(frame: Frame, loop: Loop, after: Sequence[Stmt]) -> tuple[TileStore
 
 def units(frame: Frame, body: Stmt) -> dict[int, tuple[Loop, tuple[TileStore, ...]]]:
     """The loops of a kernel body (of ``frame.warps`` warps) that run in warp fragments, by identity, each
-    with its epilogue."""
+    with its epilogue; none inside a loop run by warp groups (:mod:`~polyfuse.emit_cpp.groups`: its statements
+    are planned for one group's threads)."""
     found: dict[int, tuple[Loop, tuple[TileStore, ...]]] = {}
 
     def visit(s: Stmt, after: Sequence[Stmt]) -> None:
         if isinstance(s, Seq):
             for k, c in enumerate(s.stmts):
                 visit(c, s.stmts[k + 1:])
-        elif isinstance(s, Loop):
+        elif isinstance(s, Loop) and not on_warp_groups(s):
             if warps_for(frame, s) == frame.warps:
                 found[id(s)] = (s, epilogue(frame, s, after))
             else:

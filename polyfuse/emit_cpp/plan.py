@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 
 from polyfuse.device import DeviceSpec
 from polyfuse.emit_cpp import fold as fold_
-from polyfuse.emit_cpp import fragments, onchip, presplit, registers, resident, rows, stagger, stream, streaming
+from polyfuse.emit_cpp import (
+    fragments, groups, onchip, presplit, registers, resident, rows, stagger, stream, streaming,
+)
 from polyfuse.emit_cpp.cfamily import (
     CHEAP_CALLS, COMPUTE_TYPES, SIZEOF, STORAGE_TYPES, align16, materializations, reduce_lanes, static_numel,
     walk_unmaterialized, worth_hoisting,
@@ -68,6 +70,8 @@ class SharedTemporary:
     offset: int
     padded: int | None = None
     pitch: int | None = None
+    groups: groups.WarpGroups | None = None
+    """Allocated inside a loop run by warp groups: one copy of ``nbytes`` per group."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,9 @@ class LoopPlan:
     """The loop runs in warp fragments (then its statements have no plans of their own)."""
     stagger: stagger.Stagger | None = None
     """Each block starts the loop at a step of its own (:mod:`~polyfuse.emit_cpp.stagger`)."""
+    group: groups.WarpGroups | None = None
+    """The loop runs on groups of the block's warps (:mod:`~polyfuse.emit_cpp.groups`; then it keeps nothing
+    itself: its body's loops do)."""
 
 
 @dataclass(frozen=True)
@@ -502,6 +509,8 @@ class _Planner:
         """The block of the statement being planned (whose dots' operands a loop may keep)."""
         self.units: dict[int, tuple[Loop, tuple[TileStore, ...]]] = {}
         """The loops in warp fragments, with their epilogues (:func:`~polyfuse.emit_cpp.fragments.units`)."""
+        self.groups = groups.plan(nest.body, frame.threads, device)
+        """The loops run by warp groups (:mod:`~polyfuse.emit_cpp.groups`), by identity."""
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
@@ -525,6 +534,7 @@ class _Planner:
         rows_on_chip = self.rows_on_chip(stores, lambda nbytes: 0)
         if isinstance(rows_on_chip, onchip.RowsOnChip):
             in_registers |= rows_on_chip.kept
+        per_group = groups.copies(self.nest.body, self.groups)
         for t in self.nest.shared:
             if t in in_registers:
                 continue  # a tile of a loop in warp fragments, or a row on chip, that only registers hold
@@ -543,8 +553,10 @@ class _Planner:
                 # last axis longer than 1 gets the padding.)
                 padded, pitch = inner, dims[inner] + 8
                 size = size // dims[inner] * pitch
-            shared.append(SharedTemporary(t, ctype, size * SIZEOF[ctype], self.scratch, padded, pitch))
-            self.take(size * SIZEOF[ctype])
+            g = per_group.get(t)
+            nbytes = size * SIZEOF[ctype]
+            shared.append(SharedTemporary(t, ctype, nbytes, self.scratch, padded, pitch, g))
+            self.take(nbytes if g is None else groups.copy_bytes(nbytes, g))
         if isinstance(rows_on_chip, onchip.RowsOnChip):
             rows_on_chip = self.rows_on_chip(stores, self.take)
         else:
@@ -577,6 +589,9 @@ class _Planner:
 
     def loop(self, s: Loop) -> None:
         frame = self.here({})
+        if id(s) in self.groups:
+            self.group_loop(s, self.groups[id(s)])
+            return
         if id(s) in self.units:
             self.fragment_loop(frame, s, self.units[id(s)][1])
             return
@@ -611,6 +626,20 @@ class _Planner:
         stored = tuple(b for b in accumulators if b in used)
         self.loops[id(s)] = LoopPlan(s.var.name, accumulators, stored, tuple(kept), streams, offsets,
                                      stagger=staggered)
+
+    def group_loop(self, s: Loop, g: groups.WarpGroups) -> None:
+        """A loop run by warp groups: its body planned for one group's threads (each thread's share of the
+        register file unchanged: ``blocks`` counts the groups), the shared memory the body takes once per
+        group."""
+        block = self.frame
+        self.frame = dataclasses.replace(block, threads=g.threads,
+                                         blocks=block.blocks * (block.threads // g.threads))
+        mark, peak = self.scratch, self.peak
+        self.peak = mark
+        self.stmt(s.body)
+        stride = -(-(self.peak - mark) // groups.ALIGN) * groups.ALIGN
+        self.frame, self.scratch, self.peak = block, mark, max(peak, mark + g.groups * stride)
+        self.loops[id(s)] = LoopPlan(s.var.name, {}, (), (), None, group=dataclasses.replace(g, stride=stride))
 
     def fragment_loop(self, frame: Frame, s: Loop, after: tuple[TileStore, ...]) -> None:
         """A loop in warp fragments with its epilogue ``after``: its kept tiles and its products' staging
@@ -866,7 +895,8 @@ def _describe_kernel(k: KernelPlan) -> list[str]:
         lines.append(f"  read once, loaded evict-first: {', '.join(sorted(k.streamed))}")
     for t in k.shared:
         pad = f", rows padded to {t.pitch}" if t.pitch else ""
-        lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}")
+        copies = f", one copy per warp group of loop {t.groups.var}" if t.groups is not None else ""
+        lines.append(f"    {t.name}: {t.nbytes} bytes of {t.ctype} at {t.offset}{pad}{copies}")
     if k.unfolded:
         lines.append(f"  split-k combine of the kernel before, launched on its own: {k.unfolded}")
     if k.not_ahead:
@@ -896,6 +926,8 @@ def _describe_stmt(k: KernelPlan, s: Stmt, lines: list[str], indent: str) -> Non
     elif isinstance(s, Loop):
         lp = k.loops[id(s)]
         lines.append(f"{indent}loop {lp.var} < {s.extent}:")
+        if lp.group is not None:
+            lines.append(f"{indent}  {lp.group.describe()}")
         if lp.fragments is not None:
             lines += [f"{indent}  {t}" for t in lp.fragments.describe(lp.offsets)]
             for text in lp.streams.describe(lp.offsets) if lp.streams is not None else ():

@@ -54,6 +54,10 @@ VECTORIZED = "vectorized"
 BOUND = "bound"
 LOOP_KINDS = (SERIAL, PARALLEL, UNROLLED, VECTORIZED, BOUND)
 THREAD_TAGS = tuple(f"{k}.{a}" for k in ("blockIdx", "threadIdx") for a in "xyz")
+WARP_GROUPS = "threadIdx.y"
+"""The thread tag of a loop whose iterations run on groups of whole warps of a thread block (a GPU kernel's
+block spreads every other statement over all its threads itself): iteration ``y`` runs on group ``y % groups``,
+its statements planned for the threads of one group, with shared memory of the group's own."""
 WARPS = "warps"
 """Loop annotation ``("warps", n)``: the GPU kernel whose grid holds the loop runs ``n`` warps per block."""
 

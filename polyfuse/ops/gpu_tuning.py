@@ -138,6 +138,20 @@ class GpuTuning:
     decode_warpgroup_fill: int = 90
     """Percent of the SMs the fewest key splits of warpgroup-row decode must give a block each (one block per SM:
     the key tiles, Q and the value tile take most of its shared memory)."""
+    decode_warp_splits: int = 4
+    """Warps among which a decode block splits its keys again where the rule takes it (each warp streaming its own
+    tiles of ``decode_warp_tile`` keys, the block combining the warps' partial results after them:
+    :func:`~polyfuse.ops.schedules.warp_split_decode_tiling`); 1: never, the block's warps share every tile.
+    Measured on the H200 against shared tiles (one process, same inputs:
+    benchmarks/results/2026-11-29_H200_warp_groups): one-row decode B=1 at 1024 keys 1.03–1.19×, at 4096
+    1.01–1.10× with 4 warps of 32 keys; at 32768 keys (splits of eight tiles) 0.97–1.02×, at batch 32 (no split)
+    0.96–0.98×, GQA (8 rows) 0.85–1.01×: the two bounds below."""
+    decode_warp_tile: int = 32
+    """Keys per step of each warp of warp-split decode (16: within 3% of 32 either way, measured as above)."""
+    decode_warp_split_tiles: int = 2
+    """Warp splits are taken only where the shared-tile splits give each block at most this many tiles."""
+    decode_warp_split_heads: int = 2
+    """Warp splits are taken only where a block's query rows are at most this many heads."""
     combine_columns: int = 32
     """Output columns (dv) per thread block of the split-k combine of decode attention on GPUs (the combine's grid
     is otherwise one block per head group: 8 blocks at MLA's B=1 H=128).  Measured on the H200 (ms, columns 16 /

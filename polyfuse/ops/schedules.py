@@ -101,6 +101,10 @@ class DecodeTiling:
     columns (dv) of its heads, the scores recomputed per value tile (:func:`_attention_decode_warpgroups`)."""
     warps: int = 0
     """Warps per thread block of the partial and combine kernels (0: the code generator's default)."""
+    warp_splits: int = 0
+    """Where nonzero, a block's ``split`` keys are split again among this many warps (groups of the block's warps,
+    :mod:`~polyfuse.emit_cpp.groups`), each rolling over its own steps of ``tile`` keys; the block combines the
+    warps' partial results (:func:`warp_split_decode_tiling`)."""
 
     def splits(self, keys: int) -> int:
         return -(-keys // self.split)
@@ -137,7 +141,11 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     5. warps (decided before the waves, which count threads): ``tuning.warps`` where set, else
        ``decode_warps``, or more where the value product's output (the padded rows × ``value_dim``) needs more
        warps for one warp tile of at most ``WARP_TILE_COLUMNS`` columns each (so that its accumulators stay in
-       registers: MLA's 512 value columns take 8 warps), never more than the device's default.
+       registers: MLA's 512 value columns take 8 warps), never more than the device's default;
+    6. warp splits: where a block's query rows are at most ``decode_warp_split_heads`` heads (its tensor-core
+       tiles nearly all padding: warps sharing a tile share little work) and the splits above give each block
+       at most ``decode_warp_split_tiles`` tiles (its copies never reach a steady state), the block's keys are
+       split again among its warps instead (:func:`warp_split_decode_tiling`), where that applies.
 
     Before these rules, :func:`warpgroup_decode_tiling` (with ``value_dim``, the value columns).
     """
@@ -171,8 +179,40 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     allowed = [s for s in range(1, min(longest, 2 * splits) + 1) if keys % tile or tiles % s == 0]
     splits = wave_splits(units, splits, allowed, wave, t.decode_wave_gain)
     split = -(-keys // splits)
-    return DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
-                        wave_efficiency(units * splits, wave), warps=warps)
+    shared = DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
+                          wave_efficiency(units * splits, wave), warps=warps)
+    if heads <= t.decode_warp_split_heads and shared.split // tile <= t.decode_warp_split_tiles:
+        return warp_split_decode_tiling(units, heads, rows, keys, qk_dim, value_dim or qk_dim, device, t) or shared
+    return shared
+
+
+def warp_split_decode_tiling(units: int, heads: int, rows: int, keys: int, qk_dim: int, value_dim: int,
+                             device: DeviceSpec, t: GpuTuning) -> DecodeTiling | None:
+    """Decode whose blocks split their keys again among ``t.decode_warp_splits`` warps, or None where fewer than
+    two warps' tiles fit a block's shared memory or the keys do not give each warp two steps of
+    ``t.decode_warp_tile`` keys.
+
+    Each warp keeps its own query rows (``rows``, padded as the tensor-core product pads them), two stages of
+    key and value tiles and its scores' two 16-bit halves: the warps, halved until that fits the device's shared
+    memory per block.  The (batch, kv head, head group) ``units`` are multiplied by the fewest splits that fill
+    the SMs with the blocks resident at once (by that shared memory), never so many that a warp rolls over fewer
+    than two steps; where the keys are whole steps of the block's warps, the splits divide them."""
+    warps, tile = t.decode_warp_splits, _fit(t.decode_warp_tile, keys)
+    if warps < 2:
+        return None
+    per_warp = (rows * (qk_dim + 8) + 2 * tile * (qk_dim + 8) + 2 * tile * (value_dim + 8)) * 2 + rows * (tile + 8) * 4
+    while warps > 1 and warps * per_warp > device.shared_per_block:
+        warps //= 2
+    chunk = warps * tile
+    chunks = -(-keys // chunk)
+    if warps < 2 or chunks < 2:
+        return None
+    wave = device.sms * max(1, device.blocks_per_sm(warps * per_warp))
+    splits = max(1, min(-(-wave // units), chunks // 2))
+    if keys % chunk == 0:
+        splits = max(d for d in range(1, splits + 1) if chunks % d == 0)
+    return DecodeTiling(heads, tile, -(-chunks // splits) * chunk, t.combine_columns,
+                        wave_efficiency(units * splits, wave), warps=warps, warp_splits=warps)
 
 
 WARPGROUP_ROWS = 64
@@ -281,6 +321,8 @@ def _keys_in_steps(sch: Schedule, j: LoopRef, outer: list[LoopRef], rows: list[L
     """``qk``'s key loop ``j`` split into ``t.splits(keys)`` splits of steps of ``t.tile`` keys (a loop of one
     iteration left out), ordered ``outer``, split, step, ``rows``, the keys of a step; split-k over the splits
     (the partials and their combine) and rolling over the steps.  Returns the split loop (None: one split)."""
+    if t.warp_splits:
+        return _keys_in_warp_steps(sch, j, outer, rows, t, keys)
     splits, steps = t.splits(keys), t.split // t.tile
     split = step = None
     if splits == 1:
@@ -299,6 +341,39 @@ def _keys_in_steps(sch: Schedule, j: LoopRef, outer: list[LoopRef], rows: list[L
         sch.reverse_compute_at("score", step)
         for block in ("row_max", "row_sum", "pv") if split is None else ("row_max_rf", "row_sum_rf", "pv_rf"):
             sch.rolling_update(block, step)
+    return split
+
+
+def _keys_in_warp_steps(sch: Schedule, j: LoopRef, outer: list[LoopRef], rows: list[LoopRef], t: DecodeTiling,
+                        keys: int) -> LoopRef | None:
+    """``qk``'s key loop ``j`` split into ``t.splits(keys)`` splits, each split among ``t.warp_splits`` warps, each
+    warp's keys in steps of ``t.tile`` (a loop of one iteration left out): split-k over the splits, split-k again
+    over the warps (bound to the block's warp groups), rolling over each warp's steps.  Returns the split loop
+    (None: one split)."""
+    splits, warps = t.splits(keys), t.warp_splits
+    steps = t.split // (warps * t.tile)
+    factors = [None if splits > 1 else warps, *([warps] if splits > 1 else []), *([steps] if steps > 1 else []),
+               t.tile]
+    loops = list(sch.split(j, factors))
+    split = loops.pop(0) if splits > 1 else None
+    warp, keys_in_tile = loops[0], loops[-1]
+    step = loops[1] if steps > 1 else None
+    sch.reorder([x for x in (*outer, split, warp, step, *rows, keys_in_tile) if x is not None])
+    names = ("row_max", "row_sum", "pv")
+    for level in (split, warp):
+        if level is None:
+            continue
+        level = sch.loop("qk", level.name)
+        sch.reverse_compute_at("score", level)
+        sch.split_k_update(names[1], level)
+        sch.split_k_update(names[2], level, factor_axis=len(sch.program.tensor(names[2]).shape) - 1)
+        names = tuple(f"{n}_rf" for n in names)
+    if step is not None:
+        step = sch.loop("qk", step.name)
+        sch.reverse_compute_at("score", step)
+        for block in names:
+            sch.rolling_update(block, step)
+    sch.bind(sch.loop("qk", warp.name), "threadIdx.y")
     return split
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from polyfuse.errors import NonAffineIndex
 from polyfuse.ir.affine import linear_form, variables
 from polyfuse.ir.expr import Const, Expr
-from polyfuse.ir.stmt import Loop, Stmt
+from polyfuse.ir.stmt import WARP_GROUPS, Loop, Stmt
 from polyfuse.tiling.htile import Index, Slice, TileLoad, TileStore, walk_tile_expr, walk_tile_stmts
 
 ALLOC = "alloc"
@@ -31,11 +31,21 @@ def allocated_at(loop: Loop) -> tuple[str, ...]:
 
 
 def perfect_chain(loop: Loop) -> list[Loop]:
-    """``loop`` and the loops perfectly nested in it (each the only statement of its parent)."""
+    """``loop`` and the loops perfectly nested in it (each the only statement of its parent), down to the first
+    loop run by groups of a block's warps (:func:`on_warp_groups`), which runs inside a block, never in a grid
+    (none where ``loop`` is one)."""
+    if on_warp_groups(loop):
+        return []
     chain = [loop]
-    while isinstance(chain[-1].body, Loop):
+    while isinstance(chain[-1].body, Loop) and not on_warp_groups(chain[-1].body):
         chain.append(chain[-1].body)
     return chain
+
+
+def on_warp_groups(loop: Loop) -> bool:
+    """Whether ``loop``'s iterations run on groups of the warps of a thread block (bound to
+    :data:`~polyfuse.ir.stmt.WARP_GROUPS`)."""
+    return loop.thread == WARP_GROUPS
 
 
 def parallel_depth(loop: Loop) -> int:

@@ -207,6 +207,11 @@ PF_DEV void syncwarp() {
     __syncwarp();
 #endif
 }
+#if !defined(__HIPCC__)
+// A barrier of some warps of the block (named barrier ``id``, ``threads`` of them, a multiple of the warp: the
+// computing warps while the producer warpgroup goes on copying, or one group of a loop run by warp groups).
+PF_DEV void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory"); }
+#endif
 
 // A load of data the kernel reads once (emit_cpp/streaming.py): cache-streaming, evicted first from L1 and L2
 // (ld.global.cs); HIP: a plain load.
@@ -347,9 +352,6 @@ PF_DEV void cp_async_arrive(uint64_t* bar) {
 // (the consumers that hold accumulators); every warp of the warpgroup executes it.
 template <int N> PF_DEV void setmaxnreg_dec() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" :: "n"(N)); }
 template <int N> PF_DEV void setmaxnreg_inc() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" :: "n"(N)); }
-// A barrier of some warps of the block (named barrier ``id``, ``threads`` of them: the computing warps, while the
-// producer warpgroup goes on copying).
-PF_DEV void named_sync(int id, int threads) { asm volatile("bar.sync %0, %1;\n" :: "r"(id), "r"(threads) : "memory"); }
 // Warpgroups taking turns (named barriers 1.., ``threads`` = the waiting warpgroup and the one that gives it its
 // turn): wait until the previous warpgroup has issued its products, and give the next one its turn.
 PF_DEV void turn_wait(int id, int threads) { named_sync(id, threads); }
