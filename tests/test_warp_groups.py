@@ -34,7 +34,7 @@ from polyfuse.transforms.tree import loops_of
 
 DECODE = [n for n in ops.names() if "decode" in ops.get(n).modes and n != "attn_mla_decode"]
 """The mma.sync decodes (MLA decode at the catalog's sizes is warpgroup-row decode: no warp split)."""
-FORCED = {"decode_warp_split_tiles": 1 << 20, "decode_warp_split_heads": 64}
+FORCED = {"decode_warp_steps": 1 << 20, "decode_warp_split_heads": 64}
 """The warp split wherever it fits (the rule's bounds lifted)."""
 WARP_SPLIT = GpuTuning(decode_warp_splits=8, decode_warp_tile=16, decode_min_split=1, **FORCED)
 VARIANTS = ("random", "leading_zeros", "zero_rows", "ties", "monotone", "special")
@@ -56,11 +56,14 @@ def _group_loops(plan):
 # ------------------------------------------------------------------ the tiling rule
 
 def test_the_rule_splits_short_one_row_splits_among_warps_that_fit_and_fill_the_sms():
-    # one-row blocks whose shared-tile splits hold two tiles (B = 1, 4096 keys): four warps of 32 keys
+    # one-row blocks (B = 1, 4096 keys of 64-wide heads): four warps of two steps of 32 keys
     t = gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=64)
-    assert (t.warp_splits, t.warps, t.tile) == (4, 4, 32) and t.split % (4 * 32) == 0 and t.efficiency > 0.9
-    # splits of eight tiles (32768 keys), eight-row blocks (GQA), no split (batch 32): the warps share the tiles
+    assert (t.warp_splits, t.warps, t.tile, t.split) == (4, 4, 32, 256) and t.efficiency > 0.9
+    assert gpu_decode_tiling(1, 32, 32, 1024, 128, value_dim=128).warp_splits == 4
+    # more steps per warp (32768 keys; 128-wide heads at 4096), eight-row blocks (GQA), no split (batch 32): the
+    # warps share the tiles
     assert gpu_decode_tiling(1, 16, 16, 32768, 64, value_dim=64).warp_splits == 0
+    assert gpu_decode_tiling(1, 32, 32, 4096, 128, value_dim=128).warp_splits == 0
     assert gpu_decode_tiling(1, 64, 8, 4096, 128, value_dim=128).warp_splits == 0
     assert gpu_decode_tiling(32, 64, 64, 4096, 128, value_dim=128).warp_splits == 0
     assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=64, tuning=GpuTuning(decode_warp_splits=1)).warp_splits == 0

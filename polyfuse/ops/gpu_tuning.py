@@ -143,13 +143,14 @@ class GpuTuning:
     tiles of ``decode_warp_tile`` keys, the block combining the warps' partial results after them:
     :func:`~polyfuse.ops.schedules.warp_split_decode_tiling`); 1: never, the block's warps share every tile.
     Measured on the H200 against shared tiles (one process, same inputs:
-    benchmarks/results/2026-11-29_H200_warp_groups): one-row decode B=1 at 1024 keys 1.03–1.19×, at 4096
-    1.01–1.10× with 4 warps of 32 keys; at 32768 keys (splits of eight tiles) 0.97–1.02×, at batch 32 (no split)
-    0.96–0.98×, GQA (8 rows) 0.85–1.01×: the two bounds below."""
+    benchmarks/results/2026-11-29_H200_29385d8_warp_groups): one- and two-row decode B=1 at 1024 keys
+    1.10–1.22×, 64-wide heads at 4096 keys 1.03–1.11× (each warp two steps); where each warp rolls over more
+    steps, 0.97–1.01× (128-wide heads at 4096 keys: eight steps), 0.97–1.02× at 32768 keys, 0.96–0.98× at batch
+    32, and blocks of eight rows (GQA) 0.85–1.01×: the bounds below."""
     decode_warp_tile: int = 32
     """Keys per step of each warp of warp-split decode (16: within 3% of 32 either way, measured as above)."""
-    decode_warp_split_tiles: int = 2
-    """Warp splits are taken only where the shared-tile splits give each block at most this many tiles."""
+    decode_warp_steps: int = 2
+    """Warp splits are taken only where each warp rolls over at most this many steps."""
     decode_warp_split_heads: int = 2
     """Warp splits are taken only where a block's query rows are at most this many heads."""
     combine_columns: int = 32

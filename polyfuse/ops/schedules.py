@@ -143,9 +143,9 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
        warps for one warp tile of at most ``WARP_TILE_COLUMNS`` columns each (so that its accumulators stay in
        registers: MLA's 512 value columns take 8 warps), never more than the device's default;
     6. warp splits: where a block's query rows are at most ``decode_warp_split_heads`` heads (its tensor-core
-       tiles nearly all padding: warps sharing a tile share little work) and the splits above give each block
-       at most ``decode_warp_split_tiles`` tiles (its copies never reach a steady state), the block's keys are
-       split again among its warps instead (:func:`warp_split_decode_tiling`), where that applies.
+       tiles nearly all padding: warps sharing a tile share little work), the block's keys are split again among
+       its warps instead (:func:`warp_split_decode_tiling`), where that leaves each warp at most
+       ``decode_warp_steps`` steps (short loops, whose shared tiles' copies never reach a steady state).
 
     Before these rules, :func:`warpgroup_decode_tiling` (with ``value_dim``, the value columns).
     """
@@ -181,7 +181,7 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
     split = -(-keys // splits)
     shared = DecodeTiling(heads, tile, -(-split // tile) * tile, t.combine_columns,
                           wave_efficiency(units * splits, wave), warps=warps)
-    if heads <= t.decode_warp_split_heads and shared.split // tile <= t.decode_warp_split_tiles:
+    if heads <= t.decode_warp_split_heads:
         return warp_split_decode_tiling(units, heads, rows, keys, qk_dim, value_dim or qk_dim, device, t) or shared
     return shared
 
@@ -196,7 +196,8 @@ def warp_split_decode_tiling(units: int, heads: int, rows: int, keys: int, qk_di
     key and value tiles and its scores' two 16-bit halves: the warps, halved until that fits the device's shared
     memory per block.  The (batch, kv head, head group) ``units`` are multiplied by the fewest splits that fill
     the SMs with the blocks resident at once (by that shared memory), never so many that a warp rolls over fewer
-    than two steps; where the keys are whole steps of the block's warps, the splits divide them."""
+    than two steps; where the keys are whole steps of the block's warps, the splits divide them.  None too where
+    a warp would then roll over more than ``t.decode_warp_steps`` steps."""
     warps, tile = t.decode_warp_splits, _fit(t.decode_warp_tile, keys)
     if warps < 2:
         return None
@@ -211,8 +212,11 @@ def warp_split_decode_tiling(units: int, heads: int, rows: int, keys: int, qk_di
     splits = max(1, min(-(-wave // units), chunks // 2))
     if keys % chunk == 0:
         splits = max(d for d in range(1, splits + 1) if chunks % d == 0)
-    return DecodeTiling(heads, tile, -(-chunks // splits) * chunk, t.combine_columns,
-                        wave_efficiency(units * splits, wave), warps=warps, warp_splits=warps)
+    steps = -(-chunks // splits)
+    if steps > t.decode_warp_steps:
+        return None
+    return DecodeTiling(heads, tile, steps * chunk, t.combine_columns, wave_efficiency(units * splits, wave),
+                        warps=warps, warp_splits=warps)
 
 
 WARPGROUP_ROWS = 64
