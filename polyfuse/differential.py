@@ -49,6 +49,8 @@ The rule, elementwise, for an output of float dtype with unit roundoff ``u`` and
    ``E_f`` is infinite: the scheduled program overflowed on the way or divided by a zero, and a backend
    that reduces in another order (tiles) overflows at another step (``(a·b)·c`` against ``a·(b·c)``,
    then ``inf·0``) or flips the sign of a zero (IEEE 754 leaves ``max(-0, +0)`` to the implementation).
+   The same holds for the scheduled program with its loops bound to GPU indices run backwards (a GPU runs
+   their iterations in no order).
 
 Where ``E_p`` is infinite (the plain program overflows on the way, or decides on an uncertain
 comparison) rules 2 and 3 accept any value and rule 1 any class; :class:`Tally` counts such elements.
@@ -68,10 +70,11 @@ import numpy as np
 
 from polyfuse.errors import PolyfuseError
 from polyfuse.ir.errorbound import LIBM_ULPS, interpret_with_bounds
-from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Cast, Const, Expr, Load
+from polyfuse.ir.expr import COMPARE_OPS, BinOp, Call, Cast, Const, Expr, Load, Var
 from polyfuse.ir.interpreter import prepare
-from polyfuse.ir.stmt import Program
-from polyfuse.ir.visit import walk_expr
+from polyfuse.ir.stmt import BOUND, Loop, Program, Stmt
+from polyfuse.ir.visit import map_stmt, walk_expr
+from polyfuse.transforms.tree import rebind
 
 ACCURACY_FACTOR = 1.2 * (2 * LIBM_ULPS + 3)
 """``K`` of rule 3 (see the module docstring)."""
@@ -261,6 +264,10 @@ def check_schedule(plain: Program, scheduled: Program, input_sets: Sequence[Inpu
     report = Report()
     sizes = sizes or [None] * len(input_sets)
     runners: dict[str, Callable[[Inputs, Mapping[str, int] | None], dict]] = {}
+    backwards = bound_reversed(scheduled)
+    if backwards is not None:
+        runners["bound loops reversed"] = lambda inputs, sz: {
+            name: value for name, (value, _) in interpret_with_bounds(backwards, inputs, sz).items()}
     if "tile" in backends:
         from polyfuse import tiling
 
@@ -283,6 +290,25 @@ def check_schedule(plain: Program, scheduled: Program, input_sets: Sequence[Inpu
         if not _check_inputs(report, plain, scheduled, inputs, sz, runners, seen):
             break
     return report
+
+
+def bound_reversed(program: Program) -> Program | None:
+    """``program`` with each loop bound to a GPU index run backwards, or None where it has none.
+
+    A GPU runs a bound loop's iterations at once, in no order (``Schedule.bind`` refuses a loop that carries a
+    dependence), so the program must compute the same in any order of them; backwards is the order furthest
+    from the interpreters' (the stage "bound loops reversed" of :func:`check_schedule`)."""
+    found = [False]
+
+    def backwards(s: Stmt) -> Stmt | None:
+        if not isinstance(s, Loop) or s.kind != BOUND:
+            return None
+        found[0] = True
+        var = s.var.name
+        return s.replace(body=map_stmt(rebind(s.body, {var: (s.extent - 1) - Var(var)}), backwards))
+
+    body = map_stmt(program.body, backwards)
+    return program.replace(body=body) if found[0] else None
 
 
 def _run(kernel, inputs: Inputs, sizes: Mapping[str, int] | None) -> dict:

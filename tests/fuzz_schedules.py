@@ -15,9 +15,10 @@ Fusion recipes (those of ``polyfuse.ops.schedules``), over the reduce loop ``j``
 
 Ordinary primitives (split, reorder, fuse, tile, compute_at, reverse_compute_at, recompute_at, fuse_siblings,
 compute_inline, reverse_compute_inline, cache_read, cache_write, set_scope, compact_buffers,
-decompose_reduction, rfactor, annotate) come before and after the fusion, on random blocks and loops: most
-are refused, which must be a PolyfuseError.  (A ``parallel`` annotation of a reduction loop that is
-accepted shows in the C++ kernel, which runs such loops with OpenMP.)
+decompose_reduction, rfactor, annotate, bind) come before and after the fusion, on random blocks and loops:
+most are refused, which must be a PolyfuseError.  (A ``parallel`` annotation of a reduction loop that is
+accepted shows in the C++ kernel, which runs such loops with OpenMP; a loop that ``bind`` accepts runs backwards
+in the differential check too, as a GPU may run its iterations in any order.)
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from polyfuse.transforms import Schedule
 RECIPES = ("roll", "roll", "roll_tiles", "split_k", "split_k_roll", "none")
 ORDINARY = ("split", "reorder", "fuse", "tile", "compute_at", "reverse_compute_at", "compute_inline",
             "cache_read", "cache_write", "set_scope", "compact_buffers", "decompose_reduction", "rfactor",
-            "recompute_at", "reverse_compute_inline", "annotate", "fuse_siblings")
+            "recompute_at", "reverse_compute_inline", "annotate", "fuse_siblings", "bind")
 KINDS = ("parallel", "unrolled", "vectorized")
 SCOPES = ("global", "shared", "local")
 FUSIONS = ("rolling_update", "split_k_update")
@@ -167,6 +168,8 @@ def ordinary_step(draw: Draw, sch: Schedule) -> str:
         return f"sch.{prim}([{', '.join(pair)}])"
     if prim == "annotate":
         return f"sch.annotate({loop}, {draw.choice(KINDS)!r})"
+    if prim == "bind":
+        return f"sch.bind({loop}, 'threadIdx.y')"
     if prim in ("compute_at", "reverse_compute_at", "recompute_at", "fuse_siblings"):
         other = draw.choice(blocks)
         other_loops = [r.name for r in sch.get_loops(other)] or ["i"]

@@ -5,7 +5,8 @@ the decode tiling that uses them (a block's keys split again among its warps,
 Checked here: the plan runs the bound loop on warp groups, its temporaries and its body's shared memory one copy
 per group, its barriers the group's (``__syncwarp`` for one warp, a named barrier for several), one block
 barrier after it; a binding to another thread index and a group loop inside another are refused with the loop
-named; the host backend runs the bound loop serially (the same program); every decode of the catalog split
+named; the host backend runs the bound loop serially (the same program) and the differential check runs it
+backwards too (a GPU runs its iterations in no order); every decode of the catalog split
 again among warps equals the plain program (interpreter, host C++) on random and edge inputs at ragged key
 counts, and compiles for sm_90a with ``-Werror`` (and for HIP, one wavefront per group).  The ``gpu`` tests run
 the warp-split kernels against NumPy and against the catalog's default kernel on every input variant and
@@ -170,6 +171,28 @@ def test_warp_split_decode_equals_the_plain_program(name):
     report = check_schedule(op.program("decode", **sizes), sch.program, inputs, sizes=[None] * len(inputs),
                             backends=("fused", "cpp") if name == "attn_window" else ("fused",))
     assert not report.wrong, "\n".join(f.line() for f in report.wrong)
+
+
+def test_the_oracle_runs_bound_loops_backwards():
+    # A recurrence bound by hand (Schedule.bind refuses it: the loop carries a dependence): a GPU would run its
+    # iterations in no order; the differential check runs them backwards and finds it.
+    from polyfuse.ir import ProgramBuilder, spatial
+
+    def recurrence(thread: str | None):
+        p = ProgramBuilder("recurrence")
+        x = p.input("x", (8,), "f32")
+        y = p.output("y", (9,), "f32")
+        with p.nest("first", i=1) as (i,):
+            y[i] = x[i]
+        with p.loop("j", 8, **({"kind": "bound", "thread": thread} if thread else {})) as j:
+            with p.block("step", j=spatial(8, j)) as (jj,):
+                y[jj + 1] = y[jj] * 0.5 + x[jj]
+        return p.build()
+
+    inputs = [{"x": np.arange(1, 9, dtype=np.float32)}]
+    report = check_schedule(recurrence(None), recurrence("threadIdx.y"), inputs, backends=())
+    assert [f.stage for f in report.wrong] == ["bound loops reversed"]
+    assert not check_schedule(recurrence(None), recurrence(None), inputs, backends=()).findings
 
 
 @pytest.mark.nvcc
