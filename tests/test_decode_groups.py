@@ -95,8 +95,10 @@ def test_decode_warps_cover_the_value_product_with_one_warp_tile_each():
     # the device's default of 8, nor fewer than the tuning asks.
     assert gpu_decode_tiling(1, 16, 1, 32768, 576, value_dim=512).warps == 8
     assert gpu_decode_tiling(1, 32, 1, 32768, 128, value_dim=1024).warps == 8
-    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=64, tuning=GpuTuning(decode_warps=8)).warps == 8
-    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=512, tuning=GpuTuning(warps=2)).warps == 2
+    # (blocks whose warps share the tiles: one-row decode at 4096 keys would split its keys among warps)
+    shared = {"decode_warp_splits": 1}
+    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=64, tuning=GpuTuning(decode_warps=8, **shared)).warps == 8
+    assert gpu_decode_tiling(1, 16, 16, 4096, 64, value_dim=512, tuning=GpuTuning(warps=2, **shared)).warps == 2
     # The schedule asks every kernel (partials and combine) for those warps.
     op = ops.get("attn_global")
     sizes = {**op.sizes("decode"), "Skv": 4096}

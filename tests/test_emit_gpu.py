@@ -748,8 +748,9 @@ def test_rolling_statistics_are_one_row_group():
 def test_few_rows_are_a_row_group_of_a_warp_each(name, sizes, rows):
     # Decode's one query row (two for softcap's pairs of heads): the statistics of a key tile in one pass, a
     # warp per row whose lanes play the block's threads (the same order as the block's reduction, no shared
-    # memory): one barrier where the statement-by-statement code has eight or ten.
-    tiles = _tiles(name, "decode", **sizes)
+    # memory): one barrier where the statement-by-statement code has eight or ten.  (The block's warps sharing
+    # its tiles: at these sizes the decode rule would split the keys among its warps.)
+    tiles = _tiles(name, "decode", tuning=GpuTuning(decode_warp_splits=1), **sizes)
     plan = str(gpu_plan(tiles, CUDA)[1])
     assert f"row group row_max_rf_save, row_max_rf, row_sum_rf_rf, row_sum_rf: {rows}, 32 lanes each" in plan
     loop = _loop_body(emit(tiles, CUDA).text, "for (int j_1 = 0;")

@@ -188,9 +188,9 @@ def gpu_decode_tiling(batch: int, q_heads: int, kv_heads: int, keys: int, qk_dim
 
 def warp_split_decode_tiling(units: int, heads: int, rows: int, keys: int, qk_dim: int, value_dim: int,
                              device: DeviceSpec, t: GpuTuning) -> DecodeTiling | None:
-    """Decode whose blocks split their keys again among ``t.decode_warp_splits`` warps, or None where fewer than
-    two warps' tiles fit a block's shared memory or the keys do not give each warp two steps of
-    ``t.decode_warp_tile`` keys.
+    """Decode whose blocks split their keys again among ``t.decode_warp_splits`` warps (``t.warps`` where set), or
+    None where fewer than two warps' tiles fit a block's shared memory or the keys do not give each warp two
+    steps of ``t.decode_warp_tile`` keys.
 
     Each warp keeps its own query rows (``rows``, padded as the tensor-core product pads them), two stages of
     key and value tiles and its scores' two 16-bit halves: the warps, halved until that fits the device's shared
@@ -198,7 +198,7 @@ def warp_split_decode_tiling(units: int, heads: int, rows: int, keys: int, qk_di
     the SMs with the blocks resident at once (by that shared memory), never so many that a warp rolls over fewer
     than two steps; where the keys are whole steps of the block's warps, the splits divide them.  None too where
     a warp would then roll over more than ``t.decode_warp_steps`` steps."""
-    warps, tile = t.decode_warp_splits, _fit(t.decode_warp_tile, keys)
+    warps, tile = t.warps or t.decode_warp_splits, _fit(t.decode_warp_tile, keys)
     if warps < 2:
         return None
     per_warp = (rows * (qk_dim + 8) + 2 * tile * (qk_dim + 8) + 2 * tile * (value_dim + 8)) * 2 + rows * (tile + 8) * 4
