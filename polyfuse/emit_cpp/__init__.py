@@ -13,7 +13,8 @@ decision is made:
   grid and split-k distribution into kernels): ``polyfuse show --stage tile --target cuda``;
 * :mod:`polyfuse.emit_cpp.plan` — the :class:`~polyfuse.emit_cpp.plan.ProgramPlan`: threads, loops' register,
   resident and kept-tile decisions (:mod:`~polyfuse.emit_cpp.registers`, :mod:`~polyfuse.emit_cpp.resident`,
-  :mod:`~polyfuse.emit_cpp.stream`), row groups (:mod:`~polyfuse.emit_cpp.rows`), f32 inputs split before the
+  :mod:`~polyfuse.emit_cpp.stream`), row groups (:mod:`~polyfuse.emit_cpp.rows`), loops run by warp groups
+  (:mod:`~polyfuse.emit_cpp.groups`), f32 inputs split before the
   kernels (:mod:`~polyfuse.emit_cpp.presplit`), shared memory and its peak against the device, launch bounds:
   ``polyfuse show --stage plan``;
 * :mod:`polyfuse.emit_cpp.dotplan` — each dot's :class:`~polyfuse.emit_cpp.dotplan.DotPlan` (instruction,
