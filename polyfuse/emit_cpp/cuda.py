@@ -232,7 +232,7 @@ class CudaEmitter(VectorLanes, CFamilyEmitter):
         assert self.kernel_plan is not None
         lp: LoopPlan = self.kernel_plan.loops[id(s)]
         if lp.group is not None:
-            groups.emit(self, s, lp.group, lambda: self.stmt(s.body))
+            groups.emit(self, lp.group, lambda: self.stmt(s.body))
             return
         if lp.fragments is not None:
             kept = tuple((t.buffer, t.nbytes) for t in lp.streams.kept) if lp.streams is not None else ()

@@ -119,36 +119,24 @@ def copies(body: Stmt, found: dict[int, WarpGroups]) -> dict[str, WarpGroups]:
     return out
 
 
-def within(body: Stmt, found: dict[int, WarpGroups]) -> set[int]:
-    """The identities of the loops inside group loops (statements planned for one group's threads)."""
-    out: set[int] = set()
-
-    def visit(s: Stmt, inside: bool) -> None:
-        if isinstance(s, Seq):
-            for c in s.stmts:
-                visit(c, inside)
-        elif isinstance(s, Loop):
-            if inside:
-                out.add(id(s))
-            visit(s.body, inside or id(s) in found)
-
-    visit(body, False)
-    return out
-
-
 def copy_address(offset: int, nbytes: int, g: WarpGroups) -> str:
     """The address of this thread's group's copy of a temporary of ``nbytes`` at byte ``offset`` (declared at
     the top of the kernel, where ``pf_tid`` is the block's thread)."""
-    return f"pf_smem + {offset} + (pf_tid / {g.threads}) * {-(-nbytes // ALIGN) * ALIGN}"
+    return f"pf_smem + {offset} + (pf_tid / {g.threads}) * {_copy_stride(nbytes)}"
 
 
 def copy_bytes(nbytes: int, g: WarpGroups) -> int:
     """Shared memory of a temporary of ``nbytes`` copied once per group."""
-    return -(-nbytes // ALIGN) * ALIGN * g.groups
+    return _copy_stride(nbytes) * g.groups
 
 
-def emit(em, loop: Loop, g: WarpGroups, body: Callable[[], None]) -> None:
-    """Print ``loop`` run by groups: ``pf_group``, the thread's group; inside, ``pf_tid`` the thread of the group
+def _copy_stride(nbytes: int) -> int:
+    """Bytes from one group's copy of a temporary of ``nbytes`` to the next (:data:`ALIGN`-aligned)."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def emit(em, g: WarpGroups, body: Callable[[], None]) -> None:
+    """Print the loop run by groups ``g``: ``pf_group``, the thread's group; inside, ``pf_tid`` the thread of the group
     and the group's barriers (:meth:`~polyfuse.emit_cpp.cuda.CudaEmitter.in_groups`); the loop variable the
     group's iteration (a loop over its iterations where there are more of them than groups, or idle
     wavefronts); a block barrier after it (what the groups wrote is read by the block)."""
